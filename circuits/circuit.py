@@ -1,0 +1,254 @@
+"""The circuit builder: input handles, streams of Z-sets, operators, output handles.
+
+A circuit is written once, as the query over whole relations; every operator is
+the incremental version of itself, so running the circuit on each step's input
+changes yields each step's output changes.  ``Circuit`` records a DAG of nodes in
+the order they were declared, which is a topological order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from . import operators as ops
+from .context import NodeContext, StepContext
+from .errors import CircuitDefinitionError, ExpressionError
+from .sharding import DEFAULT_VNODES, PART, VNODE, Layout
+from .state import InMemoryStateStore
+from .zset import WEIGHT, consolidate, empty, parse_schema
+
+_RESERVED = (WEIGHT, VNODE, PART)
+_ENGINE_DIRS = {Path(__file__).parent, Path(__file__).parent / "operators"}
+
+
+def _call_site() -> str:
+    """Where the user declared the operator: the first frame outside the engine."""
+    for frame in inspect.stack()[2:]:
+        if Path(frame.filename).parent not in _ENGINE_DIRS:
+            return f"{frame.filename}:{frame.lineno}"
+    return "<unknown>"
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not name or name in _RESERVED or name.startswith("_"):
+        raise CircuitDefinitionError(f"{kind} name {name!r} is not allowed: names must not start with '_'")
+
+
+@dataclass(frozen=True)
+class Node:
+    id: int
+    operator: ops.Operator
+    inputs: tuple[int, ...]
+    site: str
+
+    @property
+    def label(self) -> str:
+        """Stable within a fingerprint: names the node's state tables."""
+        return f"n{self.id:03d}_{self.operator.name}"
+
+
+class Circuit:
+    """A DAG of incremental operators from named inputs to named outputs."""
+
+    def __init__(self, name: str, *, vnodes: int = DEFAULT_VNODES) -> None:
+        if vnodes < 1:
+            raise CircuitDefinitionError(f"vnodes must be at least 1, got {vnodes}")
+        self.name = name
+        self.vnodes = vnodes
+        self.nodes: list[Node] = []
+        self.inputs: dict[str, T.StructType] = {}
+        self.outputs: dict[str, int] = {}
+
+    def input(self, name: str, schema: T.StructType | str) -> "Stream":
+        """An input handle whose deltas have ``schema`` (a StructType or DDL string) plus a weight."""
+        _check_name("input", name)
+        if name in self.inputs:
+            raise CircuitDefinitionError(f"input {name!r} is declared twice")
+        parsed = parse_schema(schema)
+        for field in parsed.fields:
+            _check_name(f"input {name!r} column", field.name)
+        self.inputs[name] = parsed
+        return self._add(ops.Input(name, parsed), ())
+
+    def output(self, name: str, stream: "Stream") -> None:
+        """Publishes ``stream`` (consolidated each step) as output handle ``name``."""
+        _check_name("output", name)
+        if name in self.outputs:
+            raise CircuitDefinitionError(f"output {name!r} is declared twice")
+        self._own(stream)
+        self.outputs[name] = stream.node
+
+    def _own(self, stream: "Stream") -> None:
+        if stream.circuit is not self:
+            raise CircuitDefinitionError(f"a stream of circuit {stream.circuit.name!r} used in {self.name!r}")
+
+    def _add(self, operator: ops.Operator, inputs: Sequence["Stream"]) -> "Stream":
+        for s in inputs:
+            self._own(s)
+        node = Node(len(self.nodes), operator, tuple(s.node for s in inputs), _call_site())
+        self.nodes.append(node)
+        return Stream(self, node.id)
+
+    def fingerprint(self) -> str:
+        """A hash of the circuit's structure: operators, parameters, wiring, outputs, vnodes."""
+        shape = {
+            "vnodes": self.vnodes,
+            "nodes": [
+                {"op": n.operator.name, "params": n.operator.params(), "inputs": list(n.inputs)} for n in self.nodes
+            ],
+            "outputs": self.outputs,
+        }
+        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+    def plan(self, step: StepContext) -> dict[str, DataFrame]:
+        """Plans one step (no Spark job runs): the output deltas, consolidated.
+
+        Operators stage their state deltas in ``step.staged``.
+        """
+        deltas: dict[int, DataFrame] = {}
+        for node in self.nodes:
+            try:
+                deltas[node.id] = node.operator.evaluate(
+                    NodeContext(step, node.label), *(deltas[i] for i in node.inputs)
+                )
+            except (AnalysisException, ExpressionError) as e:
+                reason = str(e).strip().splitlines()[0]
+                raise ExpressionError(
+                    f"operator '{node.operator.name}' ({node.label}) of circuit {self.name!r}, declared at "
+                    f"{node.site}: {reason}"
+                ) from e
+        return {
+            name: deltas[node] if self._consolidated(node) else consolidate(deltas[node])
+            for name, node in self.outputs.items()
+        }
+
+    def _consolidated(self, node_id: int) -> bool:
+        node = self.nodes[node_id]
+        if node.operator.consolidates:
+            return True
+        return node.operator.keeps_consolidation and self._consolidated(node.inputs[0])
+
+    def check(self, spark: SparkSession) -> dict[str, T.StructType]:
+        """Plans a step on empty inputs and no state: finds every unresolvable expression
+        before any data is read.  Returns the output schemas (weight included)."""
+        if not self.outputs:
+            raise CircuitDefinitionError(f"circuit {self.name!r} has no outputs")
+        step = StepContext(
+            spark,
+            InMemoryStateStore(),
+            Layout.balanced(self.vnodes, 1),
+            {name: empty(spark, schema) for name, schema in self.inputs.items()},
+        )
+        return {name: df.schema for name, df in self.plan(step).items()}
+
+
+class Stream:
+    """A stream of Z-sets: one delta per step.  Methods add operators to the circuit."""
+
+    def __init__(self, circuit: Circuit, node: int) -> None:
+        self.circuit = circuit
+        self.node = node
+
+    def _then(self, operator: ops.Operator, *others: "Stream") -> "Stream":
+        return self.circuit._add(operator, (self, *others))  # noqa: SLF001 - the builder's own API
+
+    # linear
+    def filter(self, condition: Column | str) -> "Stream":
+        return self._then(ops.Filter(condition))
+
+    def select(self, *columns: Column | str, **named: Column | str) -> "Stream":
+        """Projection: column names or expressions, and ``name=expression`` pairs."""
+        for name in named:
+            _check_name("column", name)
+        exprs = [*columns, *[_as_column(e).alias(n) for n, e in named.items()]]
+        if not exprs:
+            raise CircuitDefinitionError("select() needs at least one column")
+        return self._then(ops.Select(tuple(exprs)))
+
+    map = select
+
+    def flat_map(self, alias: str, array: Column, *keep: str) -> "Stream":
+        """One row per element of the array expression ``array`` (named ``alias``), beside ``keep``."""
+        _check_name("column", alias)
+        return self._then(ops.FlatMap(alias, array, tuple(keep)))
+
+    def union(self, *others: "Stream") -> "Stream":
+        return self._then(ops.Union(1 + len(others)), *others)
+
+    def negate(self) -> "Stream":
+        return self._then(ops.Negate())
+
+    def minus(self, other: "Stream") -> "Stream":
+        """``self - other`` as Z-sets (SQL ``EXCEPT ALL`` when ``other`` is contained in ``self``)."""
+        return self.union(other.negate())
+
+    # bilinear
+    def join(self, other: "Stream", on: str | Sequence[str], how: str = "inner") -> "Stream":
+        """Equi-join on columns named ``on`` on both sides; ``how`` is ``inner`` or ``left``."""
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if not keys:
+            raise CircuitDefinitionError("join() needs at least one key column in on=")
+        if how not in ("inner", "left"):
+            raise CircuitDefinitionError(f"join how={how!r} is not supported; use 'inner' or 'left'")
+        return self._then(ops.Join(keys, how), other)
+
+    def left_join(self, other: "Stream", on: str | Sequence[str]) -> "Stream":
+        return self.join(other, on, how="left")
+
+    # non-linear
+    def distinct(self) -> "Stream":
+        return self._then(ops.Distinct())
+
+    def group_by(self, *keys: str) -> "GroupedStream":
+        if not keys:
+            raise CircuitDefinitionError("group_by() needs at least one key column")
+        return GroupedStream(self, keys)
+
+    # time
+    def integrate(self) -> "Stream":
+        return self._then(ops.Integrate())
+
+    def differentiate(self) -> "Stream":
+        return self._then(ops.Differentiate())
+
+    def delay(self) -> "Stream":
+        return self._then(ops.Delay())
+
+    def output(self, name: str) -> "Stream":
+        self.circuit.output(name, self)
+        return self
+
+
+class GroupedStream:
+    def __init__(self, stream: Stream, keys: tuple[str, ...]) -> None:
+        self.stream = stream
+        self.keys = keys
+
+    def agg(self, **aggs: ops.Agg) -> Stream:
+        """``name=agg.sum("column")`` pairs; see :mod:`circuits.agg`."""
+        if not aggs:
+            raise CircuitDefinitionError("agg() needs at least one aggregate")
+        for name, a in aggs.items():
+            _check_name("aggregate", name)
+            if not isinstance(a, ops.Agg) or a.kind not in ops.AGG_KINDS:
+                raise CircuitDefinitionError(f"aggregate {name!r}: expected one of circuits.agg.{ops.AGG_KINDS}")
+            if a.column is None and a.kind != "count":
+                raise CircuitDefinitionError(f"aggregate {name!r}: {a.kind} needs a column")
+        return self.stream._then(ops.Aggregate(self.keys, tuple(aggs.items())))  # noqa: SLF001
+
+
+def _as_column(e: Column | str) -> Column:
+    return F.col(e) if isinstance(e, str) else e
+
+
+__all__ = ["Circuit", "GroupedStream", "Node", "Stream"]

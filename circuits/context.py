@@ -1,0 +1,101 @@
+"""What an operator sees while it plans one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .sharding import PART, VNODE, Layout, exchange, with_vnode
+from .state import StateStore
+from .zset import consolidate, empty_like
+
+
+@dataclass
+class StepContext:
+    """One step's planning: its inputs, the state as of the previous step, and staged deltas."""
+
+    spark: SparkSession
+    store: StateStore
+    layout: Layout
+    inputs: Mapping[str, DataFrame]
+    staged: dict[str, DataFrame] = field(default_factory=dict)
+
+
+@dataclass
+class NodeContext:
+    """A :class:`StepContext` seen from one node; state tables are named after the node."""
+
+    step: StepContext
+    label: str
+
+    @property
+    def layout(self) -> Layout:
+        return self.step.layout
+
+    def input(self, name: str) -> DataFrame:
+        return self.step.inputs[name]
+
+    def table(self, suffix: str) -> str:
+        return f"{self.label}.{suffix}"
+
+    def keyed(self, df: DataFrame, keys: Sequence[str]) -> DataFrame:
+        """``df`` with the vnode of ``keys``, routed to the worker owning it."""
+        return exchange(with_vnode(df, keys, self.layout.vnodes), self.layout)
+
+    def stage(self, suffix: str, delta: DataFrame) -> None:
+        """Adds ``delta`` (which carries a vnode column) to trace ``suffix`` at the end of the step."""
+        delta = delta.drop(PART)
+        table = self.table(suffix)
+        previous = self.step.staged.get(table)
+        self.step.staged[table] = delta if previous is None else previous.unionByName(delta)
+
+    def scan(self, suffix: str, template: DataFrame) -> DataFrame:
+        """The whole consolidated trace, or an empty one shaped like ``template``."""
+        trace = self.step.store.scan(self.table(suffix))
+        return empty_like(template) if trace is None else consolidate(trace)
+
+    def lookup(
+        self,
+        suffix: str,
+        probe: DataFrame,
+        keys: Sequence[str],
+        template: DataFrame,
+        *,
+        null_safe: bool,
+    ) -> DataFrame:
+        """The consolidated rows of trace ``suffix`` whose vnode and ``keys`` occur in ``probe``.
+
+        Only these rows are read, never the whole trace: the probe is the step's delta,
+        so the cost follows the change.  ``null_safe`` makes null keys equal (grouping
+        semantics); otherwise null keys match nothing (join semantics).  The result
+        carries a vnode column and is routed to the owning workers.
+        """
+        trace = self.step.store.scan(self.table(suffix))
+        if trace is None:
+            return self.keyed_empty(template)
+        trace = exchange(trace, self.layout)
+        wanted = probe.select(
+            F.col(PART).alias("_p_part"),
+            F.col(VNODE).alias("_p_vnode"),
+            *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)],
+        )
+        condition = (trace[PART] == wanted["_p_part"]) & (trace[VNODE] == wanted["_p_vnode"])
+        for i, k in enumerate(keys):
+            condition = condition & _equal(trace[k], wanted[f"_p_{i}"], null_safe)
+        # Consolidating with the partition column among the keys keeps the rows where
+        # the exchange put them: no further shuffle.
+        return consolidate(trace.join(wanted, condition, "left_semi"))
+
+    def keyed_empty(self, template: DataFrame) -> DataFrame:
+        empty = empty_like(template)
+        if VNODE not in empty.columns:
+            empty = empty.withColumn(VNODE, F.lit(0))
+        return empty.withColumn(PART, F.lit(0))
+
+
+def _equal(a: Column, b: Column, null_safe: bool) -> Column:
+    return a.eqNullSafe(b) if null_safe else a == b
+

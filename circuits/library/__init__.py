@@ -1,0 +1,16 @@
+"""Example views: each a function a user can copy and adapt."""
+
+from .nexmark import NexmarkGenerator, nexmark_inputs
+from .nexmark_queries import bids_by_category, nexmark_circuit, q3, q4, q15
+from .wordcount import word_count
+
+__all__ = [
+    "NexmarkGenerator",
+    "bids_by_category",
+    "nexmark_circuit",
+    "nexmark_inputs",
+    "q3",
+    "q4",
+    "q15",
+    "word_count",
+]

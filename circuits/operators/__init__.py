@@ -1,0 +1,25 @@
+"""Incremental operators, one module per family: linear, bilinear, non-linear, time."""
+
+from .base import Operator
+from .bilinear import Join
+from .linear import Filter, FlatMap, Input, Negate, Select, Union
+from .nonlinear import AGG_KINDS, Agg, Aggregate, Distinct
+from .time import Delay, Differentiate, Integrate
+
+__all__ = [
+    "AGG_KINDS",
+    "Agg",
+    "Aggregate",
+    "Delay",
+    "Differentiate",
+    "Distinct",
+    "Filter",
+    "FlatMap",
+    "Input",
+    "Integrate",
+    "Join",
+    "Negate",
+    "Operator",
+    "Select",
+    "Union",
+]

@@ -1,0 +1,37 @@
+"""The operator interface shared by every family."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from pyspark.sql import Column, DataFrame
+
+from ..context import NodeContext
+
+
+class Operator(ABC):
+    """One node of a circuit: turns the step's input deltas into its output delta.
+
+    ``arity`` is the number of input streams; ``params`` is what identifies the
+    operator in the circuit's fingerprint.
+    """
+
+    name: ClassVar[str]
+    arity: ClassVar[int] = 1
+    consolidates: ClassVar[bool] = False
+    """The output is always consolidated (no equal rows, no zero weights)."""
+    keeps_consolidation: ClassVar[bool] = False
+    """The output is consolidated whenever the (single) input is."""
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    @abstractmethod
+    def evaluate(self, ctx: NodeContext, *deltas: DataFrame) -> DataFrame:
+        """This step's output delta (lazy: plans Spark work, runs none)."""
+
+
+def expr_text(expr: Column | str) -> str:
+    """A stable text for a column expression, for fingerprints and messages."""
+    return expr if isinstance(expr, str) else str(expr)

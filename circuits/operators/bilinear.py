@@ -1,0 +1,104 @@
+"""Bilinear operators: ``(a + Δa) ⋈ (b + Δb) - a ⋈ b = Δa ⋈ b + a ⋈ Δb + Δa ⋈ Δb``.
+
+State: the integral of each side, keyed by the join key's vnode.  A step reads only
+the rows of the keys its deltas touch.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ..context import NodeContext
+from ..errors import ExpressionError
+from ..sharding import PART, VNODE
+from ..zset import WEIGHT, add, data_columns, weight
+from .base import Operator
+
+_RIGHT_WEIGHT = "_weight_right"
+
+
+class Join(Operator):
+    """Equi-join on the columns ``on`` (both sides name them alike); weights multiply.
+
+    ``how="inner"``: rows of ``A × B`` with equal keys; null keys never match.
+    Incremental: ``ΔA ⋈ (B + ΔB) + A ⋈ ΔB``, with ``A``, ``B`` the integrals before the step.
+
+    ``how="left"``: the inner join plus each ``A`` row whose key matches no ``B`` row,
+    padded with nulls.  Incremental: the inner rule, plus, for the keys the step touches,
+    the unmatched ``A`` rows after the step minus those before it (a key's rows enter
+    when its last match leaves and leave when its first match arrives).
+    """
+
+    name = "join"
+    arity = 2
+
+    def __init__(self, on: tuple[str, ...], how: str) -> None:
+        self.on = on
+        self.how = how
+
+    def params(self) -> dict[str, Any]:
+        return {"on": list(self.on), "how": self.how}
+
+    def evaluate(self, ctx: NodeContext, left: DataFrame, right: DataFrame) -> DataFrame:
+        on = list(self.on)
+        left_only = [c for c in data_columns(left) if c not in on]
+        right_only = [c for c in data_columns(right) if c not in on]
+        clash = sorted(set(left_only) & set(right_only))
+        if clash:
+            raise ExpressionError(
+                f"columns {clash} are on both sides of the join but not in on={on}; rename one side "
+                "with select() first"
+            )
+        d_left = ctx.keyed(left, on)
+        d_right = ctx.keyed(right, on)
+        touched = add(d_left.select(PART, VNODE, *on), d_right.select(PART, VNODE, *on)).dropna(subset=on)
+        old_left = ctx.lookup("left", touched, on, d_left, null_safe=False)
+        old_right = ctx.lookup("right", touched, on, d_right, null_safe=False)
+        ctx.stage("left", d_left)
+        ctx.stage("right", d_right)
+
+        columns = [*on, *left_only, *right_only]
+        result = add(
+            _inner(d_left, add(old_right, d_right), on, columns),
+            _inner(old_left, d_right, on, columns),
+        )
+        if self.how == "left":
+            result = add(result, _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, right_only))
+        return result
+
+
+def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, right_only) -> DataFrame:
+    """The change in left rows that have no match, padded with nulls on the right."""
+    keys = [PART, VNODE, *on]
+    left_columns = [*on, *left_only]
+    null_key = reduce(lambda a, b: a | b, [F.col(k).isNull() for k in on])
+    after = add(old_left, d_left.where(~null_key)).join(_matched_keys(add(old_right, d_right), on), keys, "left_anti")
+    before = old_left.join(_matched_keys(old_right, on), keys, "left_anti")
+    unmatched = add(
+        after.select(*left_columns, weight()),
+        before.select(*left_columns, (-weight()).alias(WEIGHT)),
+        # Null keys match nothing, ever: such rows pass straight through.
+        d_left.where(null_key).select(*left_columns, weight()),
+    )
+    pads = [F.lit(None).cast(d_right.schema[c].dataType).alias(c) for c in right_only]
+    return unmatched.select(*left_columns, *pads, weight())
+
+
+def _matched_keys(right: DataFrame, on: list[str]) -> DataFrame:
+    """Keys with a positive total weight on the right: the keys that have a match."""
+    return (
+        right.groupBy(PART, VNODE, *on)
+        .agg(F.sum(WEIGHT).alias(WEIGHT))
+        .where(weight() > 0)
+        .select(PART, VNODE, *on)
+    )
+
+
+def _inner(left: DataFrame, right: DataFrame, on: list[str], columns: list[str]) -> DataFrame:
+    right = right.withColumnRenamed(WEIGHT, _RIGHT_WEIGHT)
+    joined = left.join(right, [PART, VNODE, *on], "inner")
+    return joined.select(*columns, (weight() * F.col(_RIGHT_WEIGHT)).alias(WEIGHT))

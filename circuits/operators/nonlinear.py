@@ -1,0 +1,242 @@
+"""Non-linear operators: ``distinct`` and group-by aggregates.
+
+Neither distributes over ``+``, so each keeps the integral of its input (or an
+accumulator per group) and re-derives only the rows or groups the step's delta
+touches: output = ``Q(state + Δ) - Q(state)`` restricted to those keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from ..context import NodeContext
+from ..sharding import PART, VNODE
+from ..zset import WEIGHT, add, data_columns, weight
+from .base import Operator
+
+
+def _positive(w: Column) -> Column:
+    return F.when(w > 0, 1).otherwise(0)
+
+
+class Distinct(Operator):
+    """``distinct(Z)``: weight 1 for every row whose weight is positive.
+
+    Incremental: for each row in ``Δ``, with ``w`` its weight in the integral before the
+    step, emit ``[w + Δw > 0] - [w > 0]`` when non-zero.  State: the integral.
+    """
+
+    name = "distinct"
+    consolidates = True
+
+    def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
+        columns = data_columns(delta)
+        d = ctx.keyed(delta, columns)
+        d = d.groupBy(PART, VNODE, *columns).agg(F.sum(WEIGHT).alias(WEIGHT))
+        old = ctx.lookup("trace", d, columns, d, null_safe=True)
+        ctx.stage("trace", d)
+        both = add(
+            d.select(*columns, weight().alias("_dw"), F.lit(0).cast("bigint").alias("_w0")),
+            old.select(*columns, F.lit(0).cast("bigint").alias("_dw"), weight().alias("_w0")),
+        )
+        changed = both.groupBy(*columns).agg(F.sum("_w0").alias("_w0"), F.sum("_dw").alias("_dw"))
+        change = _positive(F.col("_w0") + F.col("_dw")) - _positive(F.col("_w0"))
+        return changed.select(*columns, change.cast("bigint").alias(WEIGHT)).where(weight() != 0)
+
+
+@dataclass(frozen=True)
+class Agg:
+    """One aggregate of a group: ``kind`` over ``column`` (None for ``count(*)``)."""
+
+    kind: str
+    column: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.kind}({self.column or '*'})"
+
+
+_ADDITIVE = ("count", "sum", "avg", "count_distinct")
+_EXTREMES = {"min": F.min, "max": F.max}
+AGG_KINDS = (*_ADDITIVE, *_EXTREMES)
+_ROWS = "_rows"
+_W0 = "_w0"
+_DW = "_dw"
+
+
+class Aggregate(Operator):
+    """``SELECT keys, agg... GROUP BY keys`` with SQL semantics: a group exists while it has
+    rows; ``count(c)``, ``sum``, ``avg``, ``min``, ``max`` and ``count_distinct`` ignore
+    nulls; ``sum``/``avg``/``min``/``max`` of no non-null value are null.
+
+    Incremental, per group the delta touches: output = ``row(after) - row(before)``.
+    ``count``/``sum``/``avg`` keep running accumulators (``after = before + Δ``);
+    ``count_distinct`` adds the number of values whose weight crosses zero;
+    ``min``/``max`` re-derive the touched groups from the integral of their column.
+    State: one row of accumulators per group, plus the integral of each column that a
+    min/max/count_distinct reads.
+    """
+
+    name = "aggregate"
+    consolidates = True
+
+    def __init__(self, keys: tuple[str, ...], aggs: tuple[tuple[str, Agg], ...]) -> None:
+        self.keys = keys
+        self.aggs = aggs
+
+    def params(self) -> dict[str, Any]:
+        return {"keys": list(self.keys), "aggs": {n: a.describe() for n, a in self.aggs}}
+
+    def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
+        keys = list(self.keys)
+        d = ctx.keyed(delta, keys)
+        partial = d.groupBy(PART, VNODE, *keys).agg(
+            F.sum(WEIGHT).alias(_ROWS),
+            *[p.alias(name) for i, (_, a) in enumerate(self.aggs) for name, p in _partials(i, a).items()],
+        )
+        template = self._state_template(partial, d)
+        before = ctx.lookup("groups", partial, keys, template, null_safe=True)
+        # Each contribution is a set of per-group rows; summed (or min/max-ed) per group they
+        # give the accumulators after the step.
+        contributions = [
+            _shape(before, template, keys, {c: F.col(c) for c in [_ROWS, *self._additive_columns()]}),
+            _shape(partial, template, keys, {c: F.col(c) for c in partial.columns if c not in (PART, VNODE, *keys)}),
+        ]
+        for column in sorted({a.column for _, a in self.aggs if a.kind in (*_EXTREMES, "count_distinct")}):
+            values = d.select(PART, VNODE, *keys, column, weight())
+            if any(a.kind in _EXTREMES and a.column == column for _, a in self.aggs):
+                group_values = ctx.lookup(f"values.{column}", partial, keys, values, null_safe=True)
+                contributions.append(self._extremes(column, keys, add(group_values, values), template))
+            if any(a.kind == "count_distinct" and a.column == column for _, a in self.aggs):
+                contributions.append(self._distinct_counts(ctx, column, keys, values, template))
+            ctx.stage(f"values.{column}", values)
+        state_columns = [c for c in template.columns if c not in (*keys, PART, VNODE, WEIGHT)]
+        after = (
+            reduce(DataFrame.unionByName, contributions)
+            .groupBy(*keys)
+            .agg(*[self._combine(c) for c in state_columns])
+            .where(F.col(_ROWS) != 0)
+        )
+        ctx.stage(
+            "groups",
+            add(
+                before.select(VNODE, *keys, *state_columns, (-weight()).alias(WEIGHT)),
+                ctx.keyed(after, keys).select(VNODE, *keys, *state_columns, F.lit(1).cast("bigint").alias(WEIGHT)),
+            ),
+        )
+        result = add(self._result(after, 1), self._result(before, -1))
+        return result.groupBy(*result.columns[:-1]).agg(F.sum(WEIGHT).alias(WEIGHT)).where(weight() != 0)
+
+    def _state_template(self, partial: DataFrame, d: DataFrame) -> DataFrame:
+        """The shape of a group's state row, as a zero-row DataFrame."""
+        extra = [
+            (F.lit(None).cast(d.schema[a.column].dataType) if a.kind in _EXTREMES else F.lit(0).cast("bigint")).alias(
+                f"_a{i}"
+            )
+            for i, (_, a) in enumerate(self.aggs)
+            if a.kind in (*_EXTREMES, "count_distinct")
+        ]
+        return partial.select("*", *extra, F.lit(1).cast("bigint").alias(WEIGHT)).where(F.lit(False))
+
+    def _additive_columns(self) -> list[str]:
+        columns = []
+        for i, (_, a) in enumerate(self.aggs):
+            if a.kind in _ADDITIVE:
+                columns.append(f"_a{i}")
+            if a.kind in ("sum", "avg"):
+                columns.append(f"_n{i}")
+        return columns
+
+    def _combine(self, column: str) -> Column:
+        kinds = {f"_a{i}": a.kind for i, (_, a) in enumerate(self.aggs)}
+        extreme = _EXTREMES.get(kinds.get(column, ""))
+        if extreme is not None:
+            return extreme(column).alias(column)
+        return F.coalesce(F.sum(column), F.lit(0)).alias(column)
+
+    def _extremes(self, column: str, keys: list[str], values: DataFrame, template: DataFrame) -> DataFrame:
+        """min/max of ``column`` over the rows of the touched groups after the step."""
+        present = (
+            values.groupBy(*keys, column)
+            .agg(F.sum(WEIGHT).alias(WEIGHT))
+            .where((weight() > 0) & F.col(column).isNotNull())
+        )
+        per_group = present.groupBy(*keys).agg(
+            *[
+                _EXTREMES[a.kind](column).alias(f"_a{i}")
+                for i, (_, a) in enumerate(self.aggs)
+                if a.kind in _EXTREMES and a.column == column
+            ]
+        )
+        return _shape(per_group, template, keys, {c: F.col(c) for c in per_group.columns if c not in keys})
+
+    def _distinct_counts(
+        self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame, template: DataFrame
+    ) -> DataFrame:
+        """Per touched group, the number of values that appear minus those that disappear."""
+        pairs = (
+            values.where(F.col(column).isNotNull())
+            .groupBy(PART, VNODE, *keys, column)
+            .agg(F.sum(WEIGHT).alias(WEIGHT))
+        )
+        old = ctx.lookup(f"values.{column}", pairs, [*keys, column], values, null_safe=True)
+        zero = F.lit(0).cast("bigint")
+        both = add(
+            pairs.select(*keys, column, zero.alias(_W0), weight().alias(_DW)),
+            old.select(*keys, column, weight().alias(_W0), zero.alias(_DW)),
+        )
+        crossing = _positive(F.sum(_W0) + F.sum(_DW)) - _positive(F.sum(_W0))
+        per_pair = both.groupBy(*keys, column).agg(crossing.alias("_change"))
+        change = F.sum("_change").cast("bigint")
+        per_group = per_pair.groupBy(*keys).agg(
+            *[
+                change.alias(f"_a{i}")
+                for i, (_, a) in enumerate(self.aggs)
+                if a.kind == "count_distinct" and a.column == column
+            ]
+        )
+        return _shape(per_group, template, keys, {c: F.col(c) for c in per_group.columns if c not in keys})
+
+    def _result(self, state: DataFrame, sign: int) -> DataFrame:
+        """The visible rows (groups with rows) of a state, with weight ``sign``."""
+        values = []
+        for i, (name, a) in enumerate(self.aggs):
+            acc, nonnull = F.col(f"_a{i}"), F.col(f"_n{i}") if a.kind in ("sum", "avg") else None
+            if a.kind == "sum":
+                values.append(F.when(nonnull > 0, acc).alias(name))
+            elif a.kind == "avg":
+                values.append(F.when(nonnull > 0, acc.cast("double") / nonnull).alias(name))
+            else:
+                values.append(acc.alias(name))
+        return state.where(F.col(_ROWS) > 0).select(
+            *self.keys, *values, F.lit(sign).cast("bigint").alias(WEIGHT)
+        )
+
+
+def _partials(i: int, a: Agg) -> dict[str, Column]:
+    """The per-group partial accumulators of one step's delta for aggregate ``i``."""
+    w = weight()
+    if a.kind == "count":
+        counted = w if a.column is None else F.when(F.col(a.column).isNotNull(), w).otherwise(0)
+        return {f"_a{i}": F.sum(counted)}
+    if a.kind in ("sum", "avg"):
+        return {
+            f"_a{i}": F.sum(F.col(a.column) * w),
+            f"_n{i}": F.sum(F.when(F.col(a.column).isNotNull(), w).otherwise(0)),
+        }
+    return {}
+
+
+def _shape(df: DataFrame, template: DataFrame, keys: list[str], provided: dict[str, Column]) -> DataFrame:
+    """``df`` as per-group rows of the template's state columns: ``provided`` filled, the rest null."""
+    columns = [F.col(k) for k in keys]
+    for field in template.schema.fields:
+        if field.name in (PART, VNODE, WEIGHT, *keys):
+            continue
+        value = provided.get(field.name, F.lit(None))
+        columns.append(value.cast(field.dataType).alias(field.name))
+    return df.select(*columns)

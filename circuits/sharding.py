@@ -1,0 +1,103 @@
+"""Vnodes, layouts and the exchange.
+
+Every keyed row belongs to a vnode ``pmod(xxhash64(key columns), S)``.  State is
+stored keyed by vnode, so it never depends on how many workers there are; a
+:class:`Layout` assigns vnodes to workers, and :func:`exchange` routes each row to
+the Spark partition (the worker) that owns its vnode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from .errors import CircuitDefinitionError
+
+VNODE = "_vnode"
+PART = "_part"
+DEFAULT_VNODES = 256
+
+_MASK = 0xFFFFFFFF
+
+
+def vnode_of(keys: Sequence[str], vnodes: int) -> Column:
+    """``pmod(xxhash64(keys), S)`` as an int column."""
+    return F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(vnodes)).cast("int")
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _MASK
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``Murmur3Hash`` of one int column (what ``hash(col)`` and hash partitioning use)."""
+    k1 = (value & _MASK) * 0xCC9E2D51 & _MASK
+    k1 = _rotl(k1, 15) * 0x1B873593 & _MASK
+    h1 = seed ^ k1
+    h1 = (_rotl(h1, 13) * 5 + 0xE6546B64) & _MASK
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & _MASK
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & _MASK
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The assignment of ``S`` vnodes to ``W`` workers: ``owners[v]`` is vnode ``v``'s worker."""
+
+    owners: tuple[int, ...]
+    workers: int
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise CircuitDefinitionError(f"workers must be at least 1, got {self.workers}")
+        if not self.owners or any(not 0 <= o < self.workers for o in self.owners):
+            raise CircuitDefinitionError("every vnode must be owned by a worker in 0..workers-1")
+
+    @classmethod
+    def balanced(cls, vnodes: int, workers: int) -> "Layout":
+        """Contiguous ranges of vnodes, sizes differing by at most one."""
+        if vnodes < 1:
+            raise CircuitDefinitionError(f"vnodes must be at least 1, got {vnodes}")
+        if workers < 1:
+            raise CircuitDefinitionError(f"workers must be at least 1, got {workers}")
+        return cls(tuple(v * workers // vnodes for v in range(vnodes)), workers)
+
+    @property
+    def vnodes(self) -> int:
+        return len(self.owners)
+
+    @cached_property
+    def _salts(self) -> tuple[int, ...]:
+        # Spark's hash partitioner sends an int x to partition pmod(murmur3(x), W). For each
+        # worker w we pick the smallest x landing on w, so partitioning by that x is exact.
+        salts: dict[int, int] = {}
+        x = 0
+        while len(salts) < self.workers:
+            salts.setdefault(spark_hash_int(x) % self.workers, x)
+            x += 1
+        return tuple(salts[w] for w in range(self.workers))
+
+    def part_of(self, vnode: Column) -> Column:
+        """The partitioning value that sends a row of ``vnode`` to the worker that owns it."""
+        salt_of_vnode = [self._salts[o] for o in self.owners]
+        return F.element_at(F.array(*[F.lit(s) for s in salt_of_vnode]), vnode + 1)
+
+    def worker_of(self, vnode: Column) -> Column:
+        return F.element_at(F.array(*[F.lit(o) for o in self.owners]), vnode + 1)
+
+
+def with_vnode(df: DataFrame, keys: Sequence[str], vnodes: int) -> DataFrame:
+    return df.withColumn(VNODE, vnode_of(keys, vnodes))
+
+
+def exchange(df: DataFrame, layout: Layout) -> DataFrame:
+    """Routes every row (which has a :data:`VNODE` column) to the worker that owns its vnode."""
+    return df.withColumn(PART, layout.part_of(F.col(VNODE))).repartition(layout.workers, PART)

@@ -1,0 +1,32 @@
+"""SparkSession settings the engine relies on."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+ENGINE_CONF = {
+    # A step is small and keyed by vnode: broadcasting a trace or letting AQE re-plan
+    # partitions would move rows away from the worker that owns their vnode.
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    # Joins and groupings include the exchange's partition column among their keys;
+    # this lets Spark reuse that partitioning instead of shuffling again.
+    "spark.sql.requireAllClusterKeysForCoPartition": "false",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+def local_session(cores: int = 2, app_name: str = "dbsp", extra: dict[str, str] | None = None) -> SparkSession:
+    """A local-mode session with the engine's settings (``cores`` threads in one JVM)."""
+    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    for key, value in {**ENGINE_CONF, "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **(extra or {})}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def apply_engine_conf(spark: SparkSession) -> None:
+    """Sets the engine's runtime settings on an existing session (for example a cluster's)."""
+    for key, value in ENGINE_CONF.items():
+        spark.conf.set(key, value)

@@ -1,0 +1,79 @@
+"""The state-store interface that stateful operators keep their traces behind.
+
+A trace is a Z-set stored with a :data:`~circuits.sharding.VNODE` column, so that a
+step can read just the vnodes and keys its delta touches.  A step never writes a
+trace in place: operators *stage* deltas, the runner fuses every output and staged
+delta of the step into one DataFrame that the store :meth:`~StateStore.materialize`\\ s
+with one Spark job, and the store then :meth:`~StateStore.apply`\\ s the deltas.
+
+The durable implementation lives in ``storage`` (Delta Lake);
+:class:`InMemoryStateStore` here serves unit tests.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from functools import reduce
+
+from pyspark.sql import DataFrame
+
+from .zset import consolidate
+
+
+class StateStore(ABC):
+    """Where a circuit's traces live between steps."""
+
+    @abstractmethod
+    def scan(self, table: str) -> DataFrame | None:
+        """The trace ``table`` as of the last applied step (not necessarily consolidated), or None."""
+
+    @abstractmethod
+    def materialize(self, packed: DataFrame) -> DataFrame:
+        """Runs the step's single job over ``packed`` and returns a DataFrame over the stored result."""
+
+    @abstractmethod
+    def apply(self, deltas: dict[str, DataFrame]) -> None:
+        """Adds each delta (a view over the materialized result) to its trace."""
+
+    @abstractmethod
+    def get_meta(self, key: str) -> str | None:
+        """A string recorded with the state (such as the circuit fingerprint)."""
+
+    @abstractmethod
+    def set_meta(self, key: str, value: str) -> None: ...
+
+
+class InMemoryStateStore(StateStore):
+    """Traces as lists of checkpointed Spark DataFrames, consolidated every few steps.
+
+    Lives in the executors' block managers of one SparkSession; nothing survives the
+    process.  For tests of the engine only.
+    """
+
+    def __init__(self, compact_every: int = 8, partitions: int = 2) -> None:
+        self._parts: dict[str, list[DataFrame]] = {}
+        self._meta: dict[str, str] = {}
+        self._compact_every = compact_every
+        self._partitions = partitions
+
+    def scan(self, table: str) -> DataFrame | None:
+        parts = self._parts.get(table)
+        return reduce(DataFrame.unionByName, parts) if parts else None
+
+    def materialize(self, packed: DataFrame) -> DataFrame:
+        # The packed union has a partition per branch and worker; later scans would pay a
+        # task for each, so merge them (without a shuffle) first.
+        return packed.coalesce(self._partitions).localCheckpoint(eager=True)
+
+    def apply(self, deltas: dict[str, DataFrame]) -> None:
+        for table, delta in deltas.items():
+            parts = self._parts.setdefault(table, [])
+            parts.append(delta)
+            if len(parts) > self._compact_every:
+                self._parts[table] = [consolidate(self.scan(table)).localCheckpoint(eager=True)]
+
+    def get_meta(self, key: str) -> str | None:
+        return self._meta.get(key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._meta[key] = value

@@ -1,0 +1,118 @@
+"""Z-sets as Spark DataFrames.
+
+A Z-set is a DataFrame of the user's columns plus an integer weight column
+:data:`WEIGHT`.  A row with weight ``w`` stands for ``w`` copies of the row;
+negative weights are deletions.  Two Z-sets are equal when they are equal after
+:func:`consolidate`.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import Iterable
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from .errors import SchemaMismatchError
+from .sharding import PART, VNODE
+
+WEIGHT = "_weight"
+"""Name of the weight column of every Z-set."""
+
+INTEGRAL_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+
+
+def data_columns(df: DataFrame) -> list[str]:
+    """The user's columns of a Z-set: every column but the weight and the routing columns."""
+    return [c for c in df.columns if c not in (WEIGHT, VNODE, PART)]
+
+
+def weight() -> Column:
+    return F.col(WEIGHT)
+
+
+def negate(df: DataFrame) -> DataFrame:
+    """``-Z``: every weight negated."""
+    return df.withColumn(WEIGHT, -weight())
+
+
+def add(*zsets: DataFrame) -> DataFrame:
+    """``Z1 + Z2 + ...``: the union of rows, weights summed on consolidation."""
+    return reduce(lambda a, b: a.unionByName(b), zsets)
+
+
+def consolidate(df: DataFrame, columns: Iterable[str] | None = None) -> DataFrame:
+    """Sums the weights of equal rows and drops rows whose weight is zero.
+
+    Grouping treats nulls as equal, as a Z-set must: a null row is one row.
+    """
+    cols = list(columns) if columns is not None else [c for c in df.columns if c != WEIGHT]
+    return (
+        df.groupBy(*cols)
+        .agg(F.sum(WEIGHT).alias(WEIGHT))
+        .where(weight() != 0)
+    )
+
+
+def empty_like(df: DataFrame) -> DataFrame:
+    """A Z-set with ``df``'s schema and no rows, without running a Spark job."""
+    return df.where(F.lit(False))
+
+
+def parse_schema(schema: T.StructType | str) -> T.StructType:
+    """A declared input schema: a StructType or a DDL string such as ``"word string, n bigint"``."""
+    if isinstance(schema, T.StructType):
+        return schema
+    return T._parse_datatype_string(schema)  # noqa: SLF001 - PySpark's public DDL parser entry point
+
+
+def with_weight_schema(schema: T.StructType) -> T.StructType:
+    return T.StructType([*schema.fields, T.StructField(WEIGHT, T.LongType(), False)])
+
+
+def from_rows(spark: SparkSession, rows: Iterable[tuple], schema: T.StructType | str) -> DataFrame:
+    """A Z-set from Python tuples whose last element is the weight."""
+    return spark.createDataFrame(list(rows), with_weight_schema(parse_schema(schema)))
+
+
+def empty(spark: SparkSession, schema: T.StructType | str) -> DataFrame:
+    return from_rows(spark, [], schema)
+
+
+def conform(name: str, df: DataFrame, schema: T.StructType) -> DataFrame:
+    """Checks an input delta against its declared schema and returns it with a bigint weight.
+
+    Column order may differ; names and types must match.  Raises
+    :class:`SchemaMismatchError` naming the input and the column.
+    """
+    types = {f.name: f.dataType for f in df.schema.fields}
+    if WEIGHT not in types:
+        raise SchemaMismatchError(
+            f"input '{name}': the delta has no weight column '{WEIGHT}'; add an integer column "
+            f"'{WEIGHT}' (1 to insert a row, -1 to delete it)"
+        )
+    if not isinstance(types[WEIGHT], INTEGRAL_TYPES):
+        raise SchemaMismatchError(
+            f"input '{name}': weight column '{WEIGHT}' has type {types[WEIGHT].simpleString()}; "
+            "weights must be integers (tinyint, smallint, int or bigint)"
+        )
+    for field in schema.fields:
+        if field.name not in types:
+            raise SchemaMismatchError(
+                f"input '{name}': column '{field.name}' ({field.dataType.simpleString()}) is declared "
+                "but missing from the delta"
+            )
+        if types[field.name] != field.dataType:
+            raise SchemaMismatchError(
+                f"input '{name}': column '{field.name}' has type {types[field.name].simpleString()}, "
+                f"declared {field.dataType.simpleString()}"
+            )
+    extra = sorted(set(types) - {f.name for f in schema.fields} - {WEIGHT})
+    if extra:
+        raise SchemaMismatchError(
+            f"input '{name}': column(s) {', '.join(repr(c) for c in extra)} are not in the declared "
+            f"schema ({schema.simpleString()})"
+        )
+    return df.select(*[f.name for f in schema.fields], weight().cast("bigint").alias(WEIGHT))

@@ -1,0 +1,66 @@
+"""Runs a circuit step by step and compares it with an oracle at every step."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Mapping
+
+from hypothesis import strategies as st
+
+from circuits import InMemoryStateStore, StepRunner, from_rows
+from circuits.circuit import Circuit
+
+from ..oracle import add_into, zset
+
+Delta = list[tuple]  # rows whose last element is the weight
+Expected = Callable[[int, list[dict[str, Counter]], dict[str, Counter]], dict[str, tuple[str, Counter]]]
+
+
+def run_and_compare(spark, circuit: Circuit, steps: list[dict[str, Delta]], workers: int, expected: Expected) -> None:
+    """At every step, each output must match ``expected``: ``("integral", Z)`` compares the
+    integral of the output so far with Z; ``("step", Z)`` compares this step's output."""
+    runner = StepRunner(circuit, spark, InMemoryStateStore(), workers=workers)
+    integrated = {name: Counter() for name in circuit.inputs}
+    deltas: list[dict[str, Counter]] = []
+    outputs = {name: Counter() for name in circuit.outputs}
+    for t, step in enumerate(steps):
+        inputs = {name: from_rows(spark, rows, circuit.inputs[name]) for name, rows in step.items()}
+        produced = runner.step(inputs).collect_outputs()
+        deltas.append({name: zset(step.get(name, [])) for name in circuit.inputs})
+        for name, delta in deltas[-1].items():
+            add_into(integrated[name], delta)
+        for name, (mode, want) in expected(t, deltas, integrated).items():
+            got = zset(produced[name])
+            assert sum(1 for *row, _ in produced[name]) == len(got), f"step {t}: output {name} is not consolidated"
+            if mode == "integral":
+                add_into(outputs[name], got)
+                got = outputs[name]
+            assert got == want, (
+                f"step {t}, workers={workers}, output {name!r} ({mode}):\n"
+                f"  missing: {dict(want - got)}\n  extra:   {dict(got - want)}"
+            )
+
+
+@st.composite
+def insert_delete_steps(draw, inputs: Mapping[str, st.SearchStrategy], max_steps: int = 4, max_rows: int = 6):
+    """Steps of random inserts, and deletes of rows that exist (sometimes all of them)."""
+    present = {name: Counter() for name in inputs}
+    steps = []
+    for _ in range(draw(st.integers(1, max_steps))):
+        step = {}
+        for name, rows in inputs.items():
+            inserts = draw(st.lists(rows, max_size=max_rows))
+            existing = sorted(present[name].elements(), key=repr)
+            if existing and draw(st.integers(0, 5)) == 0:
+                deletes = existing  # delete everything
+            elif existing:
+                picked = draw(st.sets(st.integers(0, len(existing) - 1), max_size=4))
+                deletes = [existing[i] for i in sorted(picked)]
+            else:
+                deletes = []
+            present[name].update(inserts)
+            present[name].subtract(deletes)
+            present[name] = +present[name]
+            step[name] = [(*r, 1) for r in inserts] + [(*r, -1) for r in deletes]
+        steps.append(step)
+    return steps
