@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -116,11 +117,16 @@ class Circuit:
         Operators stage their state deltas in ``step.staged``.
         """
         deltas: dict[int, DataFrame] = {}
+        consumers = Counter(i for node in self.nodes for i in node.inputs)
         for node in self.nodes:
             try:
-                deltas[node.id] = node.operator.evaluate(
-                    NodeContext(step, node.label), *(deltas[i] for i in node.inputs)
-                )
+                delta = node.operator.evaluate(NodeContext(step, node.label), *(deltas[i] for i in node.inputs))
+                # Spark plans are trees: a delta read by several operators, or produced by a
+                # stateful one (whose plan is large), is cached so that later plans refer to it
+                # instead of copying its whole subtree.
+                if node.operator.stateful or consumers[node.id] > 1:
+                    delta = step.share(delta)
+                deltas[node.id] = delta
             except (AnalysisException, ExpressionError) as e:
                 reason = str(e).strip().splitlines()[0]
                 raise ExpressionError(
@@ -149,7 +155,10 @@ class Circuit:
             Layout.balanced(self.vnodes, 1),
             {name: empty(spark, schema) for name, schema in self.inputs.items()},
         )
-        return {name: df.schema for name, df in self.plan(step).items()}
+        try:
+            return {name: df.schema for name, df in self.plan(step).items()}
+        finally:
+            step.release()
 
 
 class Stream:

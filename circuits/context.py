@@ -22,6 +22,18 @@ class StepContext:
     layout: Layout
     inputs: Mapping[str, DataFrame]
     staged: dict[str, DataFrame] = field(default_factory=dict)
+    shared: list[DataFrame] = field(default_factory=list)
+
+    def share(self, df: DataFrame) -> DataFrame:
+        """Caches ``df`` for the rest of the step (see :meth:`release`)."""
+        self.shared.append(df.persist())
+        return df
+
+    def release(self) -> None:
+        """Drops the step's caches: the next step must not see this step's values."""
+        for df in self.shared:
+            df.unpersist()
+        self.shared.clear()
 
 
 @dataclass

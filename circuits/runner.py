@@ -1,59 +1,43 @@
 """Runs a circuit one step at a time against a state store.
 
-A step is planned lazily and executed as one fused Spark job: every output and every
-staged state delta is packed into one DataFrame (one struct column per destination),
-so shuffles that several destinations share run once.
+A step is planned lazily; the store then computes every output and every staged state
+delta with one fused Spark job (see :func:`circuits.state.pack`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
 from typing import Mapping
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from .circuit import Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError
 from .sharding import Layout
-from .state import StateStore
+from .state import DEST, StateStore, pack
 from .zset import empty
 
 FINGERPRINT_KEY = "circuit_fingerprint"
-_DEST = "_dest"
-
-
-def pack(parts: Mapping[str, DataFrame]) -> DataFrame:
-    """All ``parts`` as one DataFrame: a destination number and one struct column per part."""
-    branches = [
-        df.select(F.lit(i).alias(_DEST), F.struct(*df.columns).alias(f"_d{i}")) for i, df in enumerate(parts.values())
-    ]
-    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), branches)
-
-
-def unpack(packed: DataFrame, names: list[str]) -> dict[str, DataFrame]:
-    """The inverse of :func:`pack`, over a materialized ``packed``."""
-    return {name: packed.where(F.col(_DEST) == i).select(f"_d{i}.*") for i, name in enumerate(names)}
+OUTPUT = "output:"
+STATE = "state:"
 
 
 @dataclass
 class StepResult:
-    packed: DataFrame
-    """The materialized step: every output and state delta, packed."""
     outputs: dict[str, DataFrame]
-    """Each output handle's consolidated delta, over ``packed``."""
+    """Each output handle's consolidated delta, as stored."""
     state: dict[str, DataFrame]
-    """Each state table's delta of this step, over ``packed``."""
+    """Each state table's delta of this step, as stored."""
 
     def collect_outputs(self) -> dict[str, list[tuple]]:
         """Every output's rows (user columns, then the weight) with a single Spark job."""
         names = list(self.outputs)
         rows: dict[str, list[tuple]] = {name: [] for name in names}
-        for row in self.packed.where(F.col(_DEST) < len(names)).collect():
-            i = row[_DEST]
-            rows[names[i]].append(tuple(row[f"_d{i}"]))
+        if names:
+            for row in pack(self.outputs).collect():
+                i = row[DEST]
+                rows[names[i]].append(tuple(row[f"_d{i}"]))
         return rows
 
 
@@ -100,9 +84,12 @@ class StepRunner:
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.layout.workers))
         ctx = StepContext(self.spark, self.store, self.layout, full)
         outputs = self.circuit.plan(ctx)
-        names = [*outputs, *ctx.staged]  # outputs first: collect_outputs relies on it
-        packed = self.store.materialize(pack({**outputs, **ctx.staged}))
-        stored = unpack(packed, names)
-        state = {table: stored[table] for table in ctx.staged}
+        parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
+        parts.update({f"{STATE}{table}": df for table, df in ctx.staged.items()})
+        try:
+            stored = self.store.materialize(parts)
+        finally:
+            ctx.release()
+        state = {table: stored[f"{STATE}{table}"] for table in ctx.staged}
         self.store.apply(state)
-        return StepResult(packed, {name: stored[name] for name in outputs}, state)
+        return StepResult({name: stored[f"{OUTPUT}{name}"] for name in outputs}, state)

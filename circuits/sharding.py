@@ -87,10 +87,13 @@ class Layout:
 
     def part_of(self, vnode: Column) -> Column:
         """The partitioning value that sends a row of ``vnode`` to the worker that owns it."""
-        salt_of_vnode = [self._salts[o] for o in self.owners]
-        return F.element_at(F.array(*[F.lit(s) for s in salt_of_vnode]), vnode + 1)
+        salts = F.array(*[F.lit(s) for s in self._salts])
+        return F.element_at(salts, self.worker_of(vnode) + 1)
 
     def worker_of(self, vnode: Column) -> Column:
+        if self.owners == Layout.balanced(self.vnodes, self.workers).owners:
+            # Contiguous ranges: arithmetic keeps the plan small (no per-vnode table).
+            return (vnode * self.workers / self.vnodes).cast("int")
         return F.element_at(F.array(*[F.lit(o) for o in self.owners]), vnode + 1)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from pyspark.sql import SparkSession
 
 ENGINE_CONF = {
@@ -13,11 +16,21 @@ ENGINE_CONF = {
     # this lets Spark reuse that partitioning instead of shuffling again.
     "spark.sql.requireAllClusterKeysForCoPartition": "false",
     "spark.sql.session.timeZone": "UTC",
+    # Checkpointed state carries the constraints of the plan that wrote it; propagating them
+    # step after step grows the optimizer's work without bound.
+    "spark.sql.constraintPropagation.enabled": "false",
+    # A trace is a union of parts and a lookup semi-joins it with the step's keys. Pushing
+    # joins into the union copies the (large) key subtree once per part, and chained
+    # operators multiply those copies.
+    "spark.sql.optimizer.pushDownJoinThroughUnion.enabled": "false",
+    "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.PushDownLeftSemiAntiJoin",
 }
 
 
 def local_session(cores: int = 2, app_name: str = "dbsp", extra: dict[str, str] | None = None) -> SparkSession:
     """A local-mode session with the engine's settings (``cores`` threads in one JVM)."""
+    # Python workers (mapInArrow) must run the interpreter that has this project's packages.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     for key, value in {**ENGINE_CONF, "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **(extra or {})}.items():
         builder = builder.config(key, value)

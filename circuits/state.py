@@ -16,8 +16,25 @@ from abc import ABC, abstractmethod
 from functools import reduce
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from .zset import consolidate
+
+DEST = "_dest"
+
+
+def pack(parts: dict[str, DataFrame]) -> DataFrame:
+    """All ``parts`` as one DataFrame: a destination number and one struct column per part,
+    so that one Spark job computes them all and runs shared shuffles once."""
+    branches = [
+        df.select(F.lit(i).alias(DEST), F.struct(*df.columns).alias(f"_d{i}")) for i, df in enumerate(parts.values())
+    ]
+    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), branches)
+
+
+def unpack(packed: DataFrame, names: list[str]) -> dict[str, DataFrame]:
+    """The inverse of :func:`pack`."""
+    return {name: packed.where(F.col(DEST) == i).select(f"_d{i}.*") for i, name in enumerate(names)}
 
 
 class StateStore(ABC):
@@ -28,8 +45,11 @@ class StateStore(ABC):
         """The trace ``table`` as of the last applied step (not necessarily consolidated), or None."""
 
     @abstractmethod
-    def materialize(self, packed: DataFrame) -> DataFrame:
-        """Runs the step's single job over ``packed`` and returns a DataFrame over the stored result."""
+    def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
+        """Runs the step's single job over every destination and returns each one's stored result.
+
+        Names are ``output:<handle>`` for outputs and ``state:<table>`` for state deltas.
+        """
 
     @abstractmethod
     def apply(self, deltas: dict[str, DataFrame]) -> None:
@@ -60,10 +80,11 @@ class InMemoryStateStore(StateStore):
         parts = self._parts.get(table)
         return reduce(DataFrame.unionByName, parts) if parts else None
 
-    def materialize(self, packed: DataFrame) -> DataFrame:
+    def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
         # The packed union has a partition per branch and worker; later scans would pay a
         # task for each, so merge them (without a shuffle) first.
-        return packed.coalesce(self._partitions).localCheckpoint(eager=True)
+        stored = pack(parts).coalesce(self._partitions).localCheckpoint(eager=True)
+        return unpack(stored, list(parts))
 
     def apply(self, deltas: dict[str, DataFrame]) -> None:
         for table, delta in deltas.items():

@@ -19,6 +19,8 @@ class Operator(ABC):
 
     name: ClassVar[str]
     arity: ClassVar[int] = 1
+    stateful: ClassVar[bool] = False
+    """Keeps state between steps."""
     consolidates: ClassVar[bool] = False
     """The output is always consolidated (no equal rows, no zero weights)."""
     keeps_consolidation: ClassVar[bool] = False

@@ -33,6 +33,8 @@ class Join(Operator):
     when its last match leaves and leave when its first match arrives).
     """
 
+    stateful = True
+
     name = "join"
     arity = 2
 

@@ -31,6 +31,8 @@ class Distinct(Operator):
     step, emit ``[w + Δw > 0] - [w > 0]`` when non-zero.  State: the integral.
     """
 
+    stateful = True
+
     name = "distinct"
     consolidates = True
 
@@ -80,6 +82,8 @@ class Aggregate(Operator):
     State: one row of accumulators per group, plus the integral of each column that a
     min/max/count_distinct reads.
     """
+
+    stateful = True
 
     name = "aggregate"
     consolidates = True

@@ -23,6 +23,8 @@ def _keyed(ctx: NodeContext, delta: DataFrame) -> DataFrame:
 class Integrate(Operator):
     """``I(x)[t] = x[0] + ... + x[t]``.  Incremental: ``I[t] = I[t-1] + x[t]``; state: ``I[t-1]``."""
 
+    stateful = True
+
     name = "integrate"
     consolidates = True
 
@@ -35,6 +37,8 @@ class Integrate(Operator):
 
 class _Previous(Operator):
     """Keeps ``x[t-1]``: each step stages ``x[t] - x[t-1]`` so the trace becomes ``x[t]``."""
+
+    stateful = True
 
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
         d = _keyed(ctx, delta)

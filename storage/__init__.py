@@ -1,0 +1,1 @@
+"""Durable state, input and output on Delta Lake (imports circuits; never sensors or dagster)."""

@@ -1,0 +1,209 @@
+"""The two-version state database of seed 000, over Delta tables.
+
+Each state table (an operator's trace, keyed by vnode) is a Delta table under
+``<root>/state``.  A step's state deltas are committed to those tables as it runs; a
+**checkpoint** is a row in the ``<root>/_checkpoints`` Delta table that pins the Delta
+version of every state table, the step, and the metadata (fingerprint, layout,
+versions).  Database version ``v`` is checkpoint ``v``; ``open(v)`` restores every table
+to the versions checkpoint ``v`` pinned, which discards whatever a crashed run wrote
+after it.  A crash during ``commit`` leaves either ``v`` or ``v + 1``, never a mix: the
+checkpoint row is the commit point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from circuits.runner import OUTPUT, STATE
+from circuits.state import StateStore
+
+from .delta import WrittenFiles, commit, ensure_table, open_table, read_files, table_schema, write_tables
+from .errors import CorruptTableError, StaleWriterError, StorageError
+from .faults import failpoint
+
+ENGINE_VERSION = "0.1.0"
+STATE_FORMAT = 1
+STEP = "_step"
+_CHECKPOINT_SCHEMA = pa.schema(
+    [
+        ("version", pa.int64()),
+        ("step", pa.int64()),
+        ("tables", pa.string()),
+        ("meta", pa.string()),
+        ("engine_version", pa.string()),
+        ("state_format", pa.int64()),
+    ]
+)
+
+
+class DeltaStateStore(StateStore):
+    """State tables on Delta Lake with the seed's ``versions/open/commit/get_step/set_step``.
+
+    ``materialize`` writes every destination of a step with one Spark job: state deltas
+    into their tables (committed by ``apply``), outputs into ``<root>/outputs/<handle>``
+    with a ``_step`` column (committed by the output log).
+    """
+
+    def __init__(self, spark: SparkSession, root: str) -> None:
+        self.spark = spark
+        self.root = root
+        self.checkpoints_uri = os.path.join(root, "_checkpoints")
+        self._version: int | None = None
+        self._opened_log = None
+        self._step = 0
+        self._tables: dict[str, int] = {}
+        self._meta: dict[str, str] = {}
+        self.written_outputs: dict[str, WrittenFiles] = {}
+        self._pending: dict[str, WrittenFiles] = {}
+
+    # -- the seed's database interface ------------------------------------------------
+
+    def _checkpoints(self) -> list[dict]:
+        table = open_table(self.checkpoints_uri)
+        if table is None:
+            return []
+        return sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["version"])
+
+    def versions(self) -> range:
+        """The versions that can be opened: the last checkpoint and the one before it."""
+        rows = self._checkpoints()
+        if not rows:
+            return range(0, 1)
+        latest = rows[-1]["version"]
+        return range(max(latest - 1, 0), latest + 1)
+
+    def open(self, version: int) -> None:
+        """Opens at checkpoint ``version``; reads and writes go to ``version + 1``."""
+        if version not in self.versions():
+            raise StorageError(f"state at {self.root} cannot open version {version}; it has {self.versions()}")
+        rows = {r["version"]: r for r in self._checkpoints()}
+        record = rows.get(version)
+        if version > 0 and record is None:
+            raise CorruptTableError(f"{self.checkpoints_uri}: checkpoint {version} is missing")
+        pinned = json.loads(record["tables"]) if record else {}
+        # Restoring is itself a commit: from here on, a table's base is the restored version.
+        restored = {name: self._restore(name, pinned.get(name, 0)) for name in self._table_names()}
+        if version + 1 in rows:  # discard the later version, as the seed's open() does
+            self._restore_checkpoints(version)
+        self._version = version
+        # The checkpoint log as of opening: committing on top of this snapshot fails if
+        # another writer checkpointed meanwhile (the fencing token is the version).
+        self._opened_log = ensure_table(self.checkpoints_uri, _CHECKPOINT_SCHEMA)
+        self._tables = restored
+        self._step = record["step"] if record else 0
+        self._meta = json.loads(record["meta"]) if record else {}
+
+    def commit(self) -> int:
+        """Writes checkpoint ``v + 1`` (the commit point) and returns it."""
+        if self._version is None:
+            raise StorageError("commit() before open()")
+        new = self._version + 1
+        failpoint("during_commit", self._step - 1)
+        row = {
+            "version": new,
+            "step": self._step,
+            "tables": json.dumps(self._tables, sort_keys=True),
+            "meta": json.dumps(self._meta, sort_keys=True),
+            "engine_version": ENGINE_VERSION,
+            "state_format": STATE_FORMAT,
+        }
+        try:
+            write_deltalake(
+                self._opened_log,
+                pa.Table.from_pylist([row], schema=_CHECKPOINT_SCHEMA),
+                mode="append",
+                commit_properties=CommitProperties(app_transactions=[Transaction("checkpoint", new)]),
+            )
+        except CommitFailedError as e:
+            raise StaleWriterError(
+                f"{self.root}: another writer committed checkpoint {new} first; this run's state is discarded ({e})"
+            ) from e
+        self._version = new
+        return new
+
+    def get_step(self) -> int:
+        return self._step
+
+    def set_step(self, step: int) -> None:
+        self._step = step
+
+    # -- circuits.StateStore ---------------------------------------------------------------
+
+    def _uri(self, name: str) -> str:
+        return os.path.join(self.root, "state", name)
+
+    def _table_names(self) -> list[str]:
+        base = os.path.join(self.root, "state")
+        return sorted(os.listdir(base)) if os.path.isdir(base) else []
+
+    def scan(self, table: str) -> DataFrame | None:
+        if table not in self._tables:
+            return None
+        delta = open_table(self._uri(table), self._tables[table])
+        if delta is None:
+            raise CorruptTableError(f"state table {self._uri(table)} is missing")
+        files = delta.file_uris()
+        return read_files(self.spark, self._uri(table), table_schema(delta), files) if files else None
+
+    def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
+        targets = {}
+        for name, df in parts.items():
+            if name.startswith(OUTPUT):
+                targets[name] = (os.path.join(self.root, "outputs", name[len(OUTPUT):]), df.withColumn(STEP, F.lit(self._step).cast("bigint")))
+            else:
+                targets[name] = (self._uri(name[len(STATE):]), df)
+        written = write_tables(targets)
+        self.written_outputs = {n[len(OUTPUT):]: w for n, w in written.items() if n.startswith(OUTPUT)}
+        self._pending = {n[len(STATE):]: w for n, w in written.items() if n.startswith(STATE)}
+        return {
+            name: read_files(self.spark, w.uri, parts[name].schema if name.startswith(STATE) else targets[name][1].schema, w.paths)
+            .drop(STEP)
+            for name, w in written.items()
+        }
+
+    def apply(self, deltas: dict[str, DataFrame]) -> None:
+        for name in deltas:
+            files = self._pending.pop(name)
+            failpoint("during_state", self._step)
+            if files.actions:
+                self._tables[name] = commit(files, "step", self._step, base=self._tables.get(name, 0))
+            else:
+                self._tables.setdefault(name, 0)  # version 0: created empty by write_tables
+
+    def get_meta(self, key: str) -> str | None:
+        return self._meta.get(key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._meta[key] = value
+
+    # -- restore ---------------------------------------------------------------------------
+
+    def _restore(self, name: str, version: int) -> int:
+        """Makes table ``name`` hold its contents at ``version``; returns its latest version."""
+        table = open_table(self._uri(name))
+        if table.version() != version:
+            _restore_table(table, version)
+            table.update_incremental()
+        return table.version()
+
+    def _restore_checkpoints(self, version: int) -> None:
+        table = open_table(self.checkpoints_uri)
+        for delta_version in range(table.version(), -1, -1):
+            rows = open_table(self.checkpoints_uri, delta_version).to_pyarrow_table().column("version").to_pylist()
+            if max(rows, default=0) <= version:
+                _restore_table(table, delta_version)
+                return
+
+
+def _restore_table(table, version: int) -> None:
+    try:
+        table.restore(version)
+    except Exception as e:  # noqa: BLE001
+        raise CorruptTableError(f"Delta table {table.table_uri}: cannot restore version {version}: {e}") from e

@@ -1,0 +1,183 @@
+"""Delta Lake tables written by Spark executors and committed by delta-rs.
+
+There are no Delta JARs here, so Spark never talks to Delta: executors write Parquet
+files straight into each table's directory (``mapInArrow``, one fused job for every
+table a step touches), the driver collects only the files' names and statistics, and
+delta-rs commits them.  Readers get a version's file list from delta-rs and read the
+Parquet files with plain Spark.  Tables keep reader protocol 1 with no reader features.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+from circuits.state import DEST, pack
+
+from .errors import CorruptTableError, StaleWriterError, StorageError
+
+FILES_SCHEMA = "dest int, path string, size long, rows long, stats string"
+
+
+def arrow_schema(schema: T.StructType) -> pa.Schema:
+    """The table schema for a Spark schema: every field nullable (files may hold nulls anywhere)."""
+    fields = to_arrow_schema(schema)
+    return pa.schema([f.with_nullable(True) for f in fields])
+
+
+def ensure_table(uri: str, schema: pa.Schema) -> DeltaTable:
+    try:
+        return DeltaTable(uri)
+    except TableNotFoundError:
+        os.makedirs(uri, exist_ok=True)
+        return DeltaTable.create(uri, schema, mode="ignore")
+
+
+def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
+    """The table at ``version`` (latest when None), or None when it does not exist."""
+    try:
+        return DeltaTable(uri, version=version)
+    except TableNotFoundError:
+        return None
+    except (DeltaError, OSError) as e:
+        raise CorruptTableError(f"Delta table {uri} (version {version}): {e}") from e
+
+
+def _stats(table: pa.Table) -> str:
+    minimum, maximum, nulls = {}, {}, {}
+    for name, column in zip(table.column_names, table.columns):
+        nulls[name] = column.null_count
+        if pa.types.is_integer(column.type) or pa.types.is_string(column.type):
+            if column.null_count < len(column):
+                bounds = pc.min_max(column)
+                minimum[name], maximum[name] = bounds["min"].as_py(), bounds["max"].as_py()
+    return json.dumps({"numRecords": table.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls})
+
+
+def _writer(targets: dict[int, tuple[str, pa.Schema]]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executor side: split a partition of packed rows by destination, write one Parquet
+    file per destination into its table directory, and return the files' descriptions."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        pieces: dict[int, list[pa.Table]] = {}
+        for batch in batches:
+            dests = batch.column(DEST)
+            for dest in pc.unique(dests).to_pylist():
+                rows = batch.filter(pc.equal(dests, dest)).column(f"_d{dest}")
+                uri, schema = targets[dest]
+                flat = pa.Table.from_arrays(rows.flatten(), names=[f.name for f in rows.type])
+                pieces.setdefault(dest, []).append(flat.cast(schema))
+        described = []
+        for dest, tables in pieces.items():
+            uri, schema = targets[dest]
+            data = pa.concat_tables(tables)
+            name = f"part-{uuid.uuid4().hex}.parquet"
+            pq.write_table(data, os.path.join(uri, name))
+            described.append((dest, name, os.path.getsize(os.path.join(uri, name)), data.num_rows, _stats(data)))
+        yield pa.RecordBatch.from_pylist(
+            [dict(zip(("dest", "path", "size", "rows", "stats"), d)) for d in described],
+            schema=pa.schema([("dest", pa.int32()), ("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())]),
+        )
+
+    return write
+
+
+@dataclass
+class WrittenFiles:
+    """Files one step wrote for one table, not yet committed."""
+
+    uri: str
+    schema: pa.Schema
+    actions: list[AddAction]
+
+    @property
+    def paths(self) -> list[str]:
+        return [os.path.join(self.uri, a.path) for a in self.actions]
+
+
+def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFiles]:
+    """Writes every ``name -> (table uri, DataFrame)`` with one Spark job (tables are created
+    when missing).  Nothing is committed: see :func:`commit`."""
+    names = list(parts)
+    targets = {}
+    for i, name in enumerate(names):
+        uri, df = parts[name]
+        schema = arrow_schema(df.schema)
+        ensure_table(uri, schema)
+        targets[i] = (uri, schema)
+    packed = pack({name: df for name, (_, df) in parts.items()})
+    try:
+        described = packed.mapInArrow(_writer(targets), FILES_SCHEMA).collect()
+    except Exception as e:  # noqa: BLE001 - Spark wraps executor errors; translate at the boundary
+        raise StorageError(f"writing tables {sorted(names)} failed: {e}") from e
+    now = int(time.time() * 1000)
+    written = {name: WrittenFiles(targets[i][0], targets[i][1], []) for i, name in enumerate(names)}
+    for row in described:
+        written[names[row.dest]].actions.append(AddAction(row.path, row.size, {}, now, True, row.stats))
+    return written
+
+
+def commit(files: WrittenFiles, app_id: str, version: int, base: int | None = None) -> int:
+    """Commits ``files`` as one Delta version, tagged with app transaction ``(app_id, version)``.
+
+    With ``base``, the commit is made on top of that table version: if another writer
+    committed the same ``app_id`` since, delta-rs refuses it as a concurrent transaction
+    (this is how a stale writer is fenced off).  delta-rs does not skip a repeated
+    app-transaction version, so callers check :func:`transaction_version` first.
+    Returns the table's new version.
+    """
+    ensure_table(files.uri, files.schema)
+    table = DeltaTable(files.uri, version=base)
+    try:
+        table.create_write_transaction(
+            files.actions,
+            mode="append",
+            schema=table.schema(),
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
+        )
+    except CommitFailedError as e:
+        raise StaleWriterError(f"{files.uri}: another writer committed {app_id} {version} first: {e}") from e
+    except (DeltaError, OSError) as e:
+        raise StorageError(f"committing to {files.uri} failed: {e}") from e
+    table.update_incremental()
+    return table.version()
+
+
+def transaction_version(uri: str, app_id: str) -> int | None:
+    table = open_table(uri)
+    return None if table is None else table.transaction_version(app_id)
+
+
+def table_schema(table: DeltaTable) -> T.StructType:
+    """A Delta table's schema as a Spark schema."""
+    return from_arrow_schema(pa.schema(table.schema().to_arrow()))
+
+
+def read_files(spark: SparkSession, uri: str, schema: T.StructType, paths: list[str]) -> DataFrame:
+    """The Parquet files ``paths`` of table ``uri`` as a DataFrame (empty when none)."""
+    if not paths:
+        return spark.createDataFrame([], schema)
+    missing = [p for p in paths if not os.path.exists(p.removeprefix("file://"))]
+    if missing:
+        raise CorruptTableError(f"Delta table {uri}: data file {missing[0]} is missing")
+    return spark.read.schema(schema).parquet(*paths)
+
+
+def read_version(spark: SparkSession, uri: str, schema: T.StructType, version: int | None = None) -> DataFrame:
+    """Table ``uri`` at ``version`` (latest when None) with plain Spark."""
+    table = open_table(uri, version)
+    return read_files(spark, uri, schema, [] if table is None else table.file_uris())

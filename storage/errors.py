@@ -1,0 +1,35 @@
+"""Storage errors: Delta Lake and file-system failures translated at this boundary."""
+
+from circuits.errors import DbspError
+
+
+class StorageError(DbspError):
+    """State, input or output storage failed."""
+
+
+class CorruptTableError(StorageError):
+    """A table's data file or log entry is missing or unreadable."""
+
+
+class OutputMismatchError(StorageError):
+    """Replaying a step produced output that differs from the output already written."""
+
+
+class StepOrderError(StorageError):
+    """A step was written or read out of order (a gap, or a step beyond the next one)."""
+
+
+class DivisionConflictError(StorageError):
+    """A step's division of input was recorded already, differently."""
+
+
+class StaleWriterError(StorageError):
+    """Another writer committed first: this writer's view of the pipeline is out of date."""
+
+
+class InputTimeoutError(StorageError):
+    """A step's input did not arrive in time."""
+
+
+class CancelledError(StorageError):
+    """A blocking read was cancelled."""

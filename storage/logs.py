@@ -1,0 +1,210 @@
+"""The input log, the division of input into steps, and the output log (seed 000)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import CommitProperties, Transaction, write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from circuits.zset import with_weight_schema
+
+from .delta import WrittenFiles, commit, open_table, read_files, table_schema, transaction_version, write_tables
+from .errors import CancelledError, DivisionConflictError, InputTimeoutError, OutputMismatchError, StepOrderError
+
+STEP = "_step"
+
+
+def _next_step(uri: str, app_id: str) -> int:
+    """One past the last step recorded under ``app_id`` (0 when none)."""
+    last = transaction_version(uri, app_id)
+    return 0 if last is None else last + 1
+
+
+def _files_of_step(uri: str, step: int) -> list[str]:
+    """The data files of ``uri`` whose ``_step`` statistics admit ``step``."""
+    table = open_table(uri)
+    if table is None:
+        return []
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    root = table.table_uri.rstrip("/")
+    return [
+        f"{root}/{a['path']}"
+        for a in actions
+        if a.get(f"min.{STEP}") is None or a[f"min.{STEP}"] <= step <= a[f"max.{STEP}"]
+    ]
+
+
+def _step_schema(schema: T.StructType) -> T.StructType:
+    return T.StructType([*with_weight_schema(schema).fields, T.StructField(STEP, T.LongType())])
+
+
+@dataclass(frozen=True)
+class Range:
+    """Offsets ``start`` (inclusive) to ``end`` (exclusive) of one partition of one source."""
+
+    source: str
+    partition: int
+    start: int
+    end: int
+
+
+_DIVISION_SCHEMA = pa.schema(
+    [("step", pa.int64()), ("source", pa.string()), ("partition", pa.int64()), ("start", pa.int64()), ("end", pa.int64())]
+)
+
+
+class DivisionLog:
+    """The durable division of input into steps: which offset ranges make up each step."""
+
+    def __init__(self, root: str) -> None:
+        self.uri = os.path.join(root, "_divisions")
+
+    def next_step(self) -> int:
+        return _next_step(self.uri, "division")
+
+    def record(self, step: int, ranges: list[Range]) -> None:
+        """Records ``step``'s ranges once.  The same ranges again are a no-op; different
+        ranges, or a step that is not the next one, are errors."""
+        ranges = sorted(ranges, key=lambda r: (r.source, r.partition))
+        expected = self.next_step()
+        if step < expected:
+            recorded = self.get(step)
+            if recorded != ranges:
+                raise DivisionConflictError(
+                    f"step {step} was divided as {recorded}; refusing to record {ranges} (a step's input never moves)"
+                )
+            return
+        if step > expected:
+            raise StepOrderError(f"cannot record the division of step {step}: step {expected} is not recorded yet")
+        rows = [{"step": step, "source": r.source, "partition": r.partition, "start": r.start, "end": r.end} for r in ranges]
+        write_deltalake(
+            self.uri,
+            pa.Table.from_pylist(rows, schema=_DIVISION_SCHEMA),
+            mode="append",
+            commit_properties=CommitProperties(app_transactions=[Transaction("division", step)]),
+        )
+
+    def get(self, step: int) -> list[Range]:
+        table = open_table(self.uri)
+        if table is None:
+            return []
+        data = table.to_pyarrow_table(filters=[("step", "=", step)])
+        return sorted(
+            (Range(r["source"], r["partition"], r["start"], r["end"]) for r in data.to_pylist()),
+            key=lambda r: (r.source, r.partition),
+        )
+
+    def all(self) -> dict[int, list[Range]]:
+        table = open_table(self.uri)
+        out: dict[int, list[Range]] = {}
+        for r in ([] if table is None else table.to_pyarrow_table().to_pylist()):
+            out.setdefault(r["step"], []).append(Range(r["source"], r["partition"], r["start"], r["end"]))
+        return {s: sorted(rs, key=lambda r: (r.source, r.partition)) for s, rs in sorted(out.items())}
+
+
+class InputLog:
+    """Each step's input Z-sets, persisted per input handle under ``<root>/inputs``, so a
+    replay never depends on the source's retention."""
+
+    def __init__(self, spark: SparkSession, root: str, schemas: dict[str, T.StructType]) -> None:
+        self.spark = spark
+        self.root = root
+        self.schemas = schemas
+
+    def _uri(self, handle: str) -> str:
+        return os.path.join(self.root, "inputs", handle)
+
+    def persisted(self, step: int) -> bool:
+        return all(_next_step(self._uri(h), "input") > step for h in self.schemas)
+
+    def persist(self, step: int, inputs: dict[str, DataFrame]) -> None:
+        """Writes ``step``'s input for every handle (absent handles: empty), once."""
+        todo = {h: s for h, s in self.schemas.items() if _next_step(self._uri(h), "input") <= step}
+        if not todo:
+            return
+        parts = {}
+        for handle, schema in todo.items():
+            df = inputs.get(handle)
+            if df is None:
+                df = self.spark.createDataFrame([], with_weight_schema(schema))
+            parts[handle] = (self._uri(handle), df.withColumn(STEP, F.lit(step).cast("bigint")))
+        for handle, files in write_tables(parts).items():
+            commit(files, "input", step)
+
+    def read(self, step: int, timeout: float = 60.0, cancel: threading.Event | None = None) -> dict[str, DataFrame]:
+        """``step``'s input per handle; blocks until it is persisted, ``timeout`` passes, or ``cancel`` is set."""
+        deadline = time.monotonic() + timeout
+        while not self.persisted(step):
+            if cancel is not None and cancel.is_set():
+                raise CancelledError(f"reading the input of step {step} was cancelled")
+            if time.monotonic() > deadline:
+                raise InputTimeoutError(f"the input of step {step} did not arrive within {timeout:g} s")
+            time.sleep(0.1)
+        return {
+            handle: read_files(self.spark, self._uri(handle), _step_schema(schema), _files_of_step(self._uri(handle), step))
+            .where(F.col(STEP) == step)
+            .drop(STEP)
+            for handle, schema in self.schemas.items()
+        }
+
+
+class OutputLog:
+    """Each output handle's changes per step under ``<root>/outputs/<handle>`` (with ``_step``),
+    written exactly as seed 000's ``write``."""
+
+    def __init__(self, spark: SparkSession, root: str, verify: bool = True) -> None:
+        self.spark = spark
+        self.root = root
+        self.verify = verify
+
+    def _uri(self, handle: str) -> str:
+        return os.path.join(self.root, "outputs", handle)
+
+    def first(self, handle: str) -> int:
+        table = open_table(self._uri(handle))
+        retained = None if table is None else table.metadata().configuration.get("dbsp.first_step")
+        return int(retained) if retained else 0
+
+    def last(self, handle: str) -> int:
+        return _next_step(self._uri(handle), "output")
+
+    def write(self, step: int, outputs: dict[str, WrittenFiles]) -> None:
+        """Below ``first``: discard.  In ``first..last``: discard (and, verifying, compare).
+        At ``last``: append.  Beyond ``last``: an error."""
+        for handle, files in outputs.items():
+            last = self.last(handle)
+            if step > last:
+                raise StepOrderError(f"output {handle!r}: cannot write step {step}, the next step to write is {last}")
+            if step == last:
+                commit(files, "output", step)
+            elif step >= self.first(handle) and self.verify:
+                self._compare(handle, step, files)
+
+    def _compare(self, handle: str, step: int, files: WrittenFiles) -> None:
+        stored = self.read(handle, step, step)
+        schema = stored.schema
+        replayed = read_files(self.spark, files.uri, schema, files.paths)
+        columns = [c for c in schema.names]
+        missing = stored.select(columns).exceptAll(replayed.select(columns)).limit(5).collect()
+        extra = replayed.select(columns).exceptAll(stored.select(columns)).limit(5).collect()
+        if missing or extra:
+            raise OutputMismatchError(
+                f"output {handle!r}, step {step}: the replayed output differs from the output written before; "
+                f"only before: {[tuple(r) for r in missing]}, only now: {[tuple(r) for r in extra]}"
+            )
+
+    def read(self, handle: str, first: int, last: int) -> DataFrame:
+        """The changes of steps ``first..=last`` with their ``_step`` (join the division log for offsets)."""
+        table = open_table(self._uri(handle))
+        if table is None:
+            raise StepOrderError(f"output {handle!r} has no steps yet")
+        return read_files(self.spark, self._uri(handle), table_schema(table), table.file_uris()).where(
+            F.col(STEP).between(first, last)
+        )

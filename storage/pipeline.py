@@ -1,0 +1,70 @@
+"""Worker and coordinator of seed 000, in one process: a pipeline runs a circuit over the
+input log, writes the output log, and checkpoints its state database.
+
+Producers ``submit`` each step: the division is recorded durably first, then the input
+is persisted, so no output can exist whose input division is unknown.  ``run`` opens
+the latest checkpoint, replays and runs the steps whose input exists (discarding, and
+verifying, output that was written before), and commits one checkpoint at the end:
+the steps of one run are one checkpoint interval.  Recovery after a crash is just the
+next ``run``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from pyspark.sql import DataFrame, SparkSession
+
+from circuits.circuit import Circuit
+from circuits.runner import StepRunner
+
+from .database import DeltaStateStore
+from .errors import InputTimeoutError
+from .faults import failpoint
+from .logs import DivisionLog, InputLog, OutputLog, Range
+
+
+class Pipeline:
+    def __init__(self, spark: SparkSession, root: str, circuit: Circuit, *, workers: int = 1, verify: bool = True):
+        self.spark = spark
+        self.root = root
+        self.circuit = circuit
+        self.workers = workers
+        self.divisions = DivisionLog(root)
+        self.inputs = InputLog(spark, root, circuit.inputs)
+        self.outputs = OutputLog(spark, root, verify=verify)
+        self.state = DeltaStateStore(spark, root)
+
+    def submit(self, step: int, inputs: dict[str, DataFrame], ranges: list[Range]) -> None:
+        """Records ``step``'s division, then persists its input (both idempotent)."""
+        self.divisions.record(step, ranges)
+        failpoint("after_division", step)
+        self.inputs.persist(step, inputs)
+        failpoint("after_input", step)
+
+    def run(self, through: int | None = None, cancel: threading.Event | None = None, timeout: float = 0.0) -> int:
+        """Runs every step from the checkpoint's through ``through`` (default: all whose input
+        is persisted), then checkpoints.  Returns the next step to run."""
+        self.state.open(self.state.versions()[-1])
+        runner = StepRunner(self.circuit, self.spark, self.state, workers=self.workers)
+        first = step = self.state.get_step()
+        while through is None or step <= through:
+            try:
+                inputs = self.inputs.read(step, timeout=timeout, cancel=cancel)
+            except InputTimeoutError:
+                if through is not None:
+                    raise
+                break
+            runner.step(inputs)
+            self.outputs.write(step, self.state.written_outputs)
+            failpoint("after_output", step)
+            step += 1
+            self.state.set_step(step)
+        if step > first:  # a run with nothing to do leaves no trace: no new version anywhere
+            self.state.commit()
+            failpoint("after_commit", step - 1)
+        return step
+
+    def read_outputs(self, handle: str, first: int, last: int) -> DataFrame:
+        """Output changes of steps ``first..=last``, with each step's number (``_step``)."""
+        return self.outputs.read(handle, first, last)

@@ -1,0 +1,67 @@
+"""A deterministic pipeline workload, shared by the crash tests and their subprocess.
+
+Run as a script it drives the pipeline at ``root`` through ``steps`` steps, checkpointing
+every ``interval`` steps; ``DBSP_FAULT`` makes it kill itself at a named fault point.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections import Counter
+
+from circuits.library import NexmarkGenerator, nexmark_circuit, nexmark_inputs
+from circuits.spark import local_session
+from storage.logs import Range
+from storage.pipeline import Pipeline
+
+EVENTS_PER_STEP = 50
+TEST_SPARK_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+def circuit():
+    return nexmark_circuit("crash", queries=("bids_by_category",))
+
+
+def step_events(seed: int, step: int) -> list[tuple[tuple[str, tuple], int]]:
+    """Step ``step``'s events with weights: new events, and deletes of a few bids of the
+    step before (which no other step deletes)."""
+    generator = NexmarkGenerator(seed=seed)
+    new = [(e, 1) for e in generator.events(step * EVENTS_PER_STEP, EVENTS_PER_STEP)]
+    if step == 0:
+        return new
+    previous = [e for e in generator.events((step - 1) * EVENTS_PER_STEP, EVENTS_PER_STEP) if e[0] == "bids"]
+    return new + [(e, -1) for e in random.Random(seed * 7919 + step).sample(previous, 3)]
+
+
+def inputs(spark, seed: int, step: int):
+    events = step_events(seed, step)
+    parts = [nexmark_inputs(spark, [e for e, w in events if w == sign], weight=sign) for sign in (1, -1)]
+    return {name: parts[0][name].unionByName(parts[1][name]) for name in parts[0]}
+
+
+def drive(spark, root: str, seed: int, steps: int, interval: int, workers: int = 2) -> Pipeline:
+    """Submits every step and runs the pipeline, a checkpoint every ``interval`` steps.
+    Idempotent: running it again after a crash recovers and completes the same work."""
+    pipeline = Pipeline(spark, root, circuit(), workers=workers)
+    for step in range(steps):
+        pipeline.submit(step, inputs(spark, seed, step), [Range("nexmark", 0, step * EVENTS_PER_STEP, (step + 1) * EVENTS_PER_STEP)])
+        if (step + 1) % interval == 0 or step == steps - 1:
+            pipeline.run(through=step)
+    return pipeline
+
+
+def output_log(pipeline: Pipeline, steps: int) -> dict[str, Counter]:
+    """Every output's rows keyed by step: ``Counter((step, row..., weight))``."""
+    logs = {}
+    for handle in pipeline.circuit.outputs:
+        rows = pipeline.read_outputs(handle, 0, steps).collect()
+        logs[handle] = Counter(
+            (r["_step"], *(round(v, 9) if isinstance(v, float) else v for v in r[:-1])) for r in rows
+        )
+    return logs
+
+
+if __name__ == "__main__":
+    root, seed, steps, interval = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    drive(local_session(cores=1, app_name="crash-worker", extra=TEST_SPARK_CONF), root, seed, steps, interval)
