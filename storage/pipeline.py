@@ -43,9 +43,17 @@ class Pipeline:
         failpoint("after_input", step)
 
     def run(self, through: int | None = None, cancel: threading.Event | None = None, timeout: float = 0.0) -> int:
-        """Runs every step from the checkpoint's through ``through`` (default: all whose input
-        is persisted), then checkpoints.  Returns the next step to run."""
+        """Opens the latest checkpoint, then :meth:`advance`\ s.  Returns the next step to run."""
+        self.open()
+        return self.advance(through, cancel, timeout)
+
+    def open(self) -> None:
+        """Opens the state at the latest checkpoint (discarding anything written after it)."""
         self.state.open(self.state.versions()[-1])
+
+    def advance(self, through: int | None = None, cancel: threading.Event | None = None, timeout: float = 0.0) -> int:
+        """Runs every step from the opened checkpoint's through ``through`` (default: all whose
+        input is persisted), then checkpoints.  Returns the next step to run."""
         runner = StepRunner(self.circuit, self.spark, self.state, workers=self.workers)
         first = step = self.state.get_step()
         while through is None or step <= through:

@@ -1,0 +1,193 @@
+"""The state database, input, division and output logs on real Delta tables."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+
+import pytest
+from deltalake import DeltaTable
+
+from circuits import from_rows
+from circuits.library import word_count
+from circuits.library.wordcount import WORDS_SCHEMA
+from storage import delta as delta_module
+from storage.errors import (
+    CancelledError,
+    CorruptTableError,
+    DivisionConflictError,
+    InputTimeoutError,
+    OutputMismatchError,
+    StaleWriterError,
+    StepOrderError,
+)
+from storage.logs import Range
+from storage.pipeline import Pipeline
+
+STEPS = [
+    {"upper": [("F", 1, 1), ("M", 3, 1)], "lower": [("f", 4, 1)]},
+    {"upper": [("M", 4, 1)], "lower": [("dog", 2, 1)]},
+    {"upper": [("F", 1, -1)], "lower": [("dog", 2, -1), ("m", 1, 1)]},
+]
+
+
+def submit_all(spark, pipeline: Pipeline, steps=STEPS) -> None:
+    for step, rows in enumerate(steps):
+        inputs = {name: from_rows(spark, r, WORDS_SCHEMA) for name, r in rows.items()}
+        pipeline.submit(step, inputs, [Range("words", 0, step * 10, step * 10 + 10)])
+
+
+def totals(pipeline: Pipeline, last: int) -> Counter:
+    return Counter((r["_step"], r["word"], r["total"], r["_weight"]) for r in pipeline.read_outputs("totals", 0, last).collect())
+
+
+def delta_tables(root: str) -> dict[str, DeltaTable]:
+    found = {}
+    for directory, subdirs, _ in os.walk(root):
+        if "_delta_log" in subdirs:
+            found[os.path.relpath(directory, root)] = DeltaTable(directory)
+    return found
+
+
+@pytest.fixture
+def pipeline(spark, tmp_path):
+    p = Pipeline(spark, str(tmp_path / "wc"), word_count(), workers=2)
+    submit_all(spark, p)
+    return p
+
+
+def test_steps_produce_the_running_totals_and_survive_a_restart(spark, pipeline, tmp_path):
+    assert pipeline.run(through=1) == 2
+    restarted = Pipeline(spark, pipeline.root, word_count(), workers=3)  # another worker count too
+    assert restarted.run() == 3
+    assert +totals(restarted, 2) == Counter(
+        {
+            (0, "f", 5, 1): 1, (0, "m", 3, 1): 1,
+            (1, "m", 3, -1): 1, (1, "m", 7, 1): 1, (1, "dog", 2, 1): 1,
+            (2, "f", 5, -1): 1, (2, "f", 4, 1): 1, (2, "dog", 2, -1): 1, (2, "m", 7, -1): 1, (2, "m", 8, 1): 1,
+        }
+    )
+    assert restarted.divisions.get(2) == [Range("words", 0, 20, 30)]
+
+
+def test_rerunning_committed_steps_creates_no_new_delta_version(spark, pipeline):
+    pipeline.run()
+    before = {name: t.version() for name, t in delta_tables(pipeline.root).items()}
+    again = Pipeline(spark, pipeline.root, word_count(), workers=2)
+    submit_all(spark, again)
+    assert again.run() == 3
+    assert again.run(through=1) == 3
+    assert {name: t.version() for name, t in delta_tables(pipeline.root).items()} == before
+
+
+def test_every_table_is_plain_parquet_with_reader_protocol_1_at_every_version(spark, pipeline):
+    pipeline.run(through=0)
+    pipeline.run()
+    tables = delta_tables(pipeline.root)
+    assert {"_checkpoints", "_divisions", "inputs/upper", "outputs/totals"} <= set(tables)
+    for name, table in tables.items():
+        protocol = table.protocol()
+        assert protocol.min_reader_version == 1 and not protocol.reader_features, name
+        for version in range(table.version() + 1):
+            at = DeltaTable(table.table_uri, version=version)
+            files = at.file_uris()
+            rows = spark.read.parquet(*files).count() if files else 0
+            assert rows == at.to_pyarrow_table().num_rows, f"{name} v{version}"
+
+
+def test_replayed_output_that_differs_is_refused_with_a_diff(spark, pipeline, tmp_path):
+    pipeline.run()
+    other = Pipeline(spark, str(tmp_path / "other"), word_count())
+    submit_all(spark, other, [{"upper": [("F", 2, 1)], "lower": []}])
+    other.run()
+    with pytest.raises(OutputMismatchError, match=r"output 'totals', step 0: .*only now: \[\('f', 2, 1, 0\)\]"):
+        pipeline.outputs.write(0, other.state.written_outputs)
+    with pytest.raises(StepOrderError, match=r"cannot write step 7, the next step to write is 3"):
+        pipeline.outputs.write(7, other.state.written_outputs)
+
+
+def test_a_division_is_written_once(tmp_path):
+    from storage.logs import DivisionLog
+
+    log = DivisionLog(str(tmp_path))
+    log.record(0, [Range("t", 1, 5, 9), Range("t", 0, 0, 3)])
+    log.record(0, [Range("t", 0, 0, 3), Range("t", 1, 5, 9)])  # the same again: fine
+    with pytest.raises(DivisionConflictError, match="step 0 was divided as"):
+        log.record(0, [Range("t", 0, 0, 4), Range("t", 1, 5, 9)])
+    with pytest.raises(StepOrderError, match="step 1 is not recorded yet"):
+        log.record(2, [Range("t", 0, 3, 4)])
+
+
+def test_reading_input_waits_with_a_timeout_and_a_cancellation_token(spark, pipeline):
+    with pytest.raises(InputTimeoutError, match="step 9 did not arrive within 0.3 s"):
+        pipeline.inputs.read(9, timeout=0.3)
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    with pytest.raises(CancelledError):
+        pipeline.inputs.read(9, timeout=30, cancel=cancel)
+
+
+def test_a_missing_data_file_is_named_and_nothing_is_committed_on_top(spark, pipeline):
+    pipeline.run(through=1)
+    checkpoints = DeltaTable(os.path.join(pipeline.root, "_checkpoints")).version()
+    state = [t for n, t in delta_tables(pipeline.root).items() if n.startswith("state/") and t.file_uris()][0]
+    os.remove(state.file_uris()[0].removeprefix("file://"))
+    with pytest.raises(CorruptTableError, match=r"state/n\d+_aggregate.* data file .* is missing"):
+        Pipeline(spark, pipeline.root, word_count()).run()
+    assert DeltaTable(os.path.join(pipeline.root, "_checkpoints")).version() == checkpoints
+
+
+def test_a_write_failing_midway_commits_nothing_and_the_retry_succeeds(spark, pipeline, tmp_path, monkeypatch):
+    reference = Pipeline(spark, str(tmp_path / "reference"), word_count())
+    submit_all(spark, reference)
+    reference.run()
+
+    real_commit, calls = delta_module.commit, []
+
+    def failing_commit(files, app_id, version, base=None):
+        calls.append(files.uri)
+        if len(calls) == 2:
+            raise OSError("injected: disk went away")
+        return real_commit(files, app_id, version, base)
+
+    monkeypatch.setattr("storage.database.commit", failing_commit)
+    with pytest.raises(OSError, match="injected"):
+        pipeline.run()
+    assert not os.path.exists(os.path.join(pipeline.root, "_checkpoints")) or (
+        DeltaTable(os.path.join(pipeline.root, "_checkpoints")).to_pyarrow_table().num_rows == 0
+    )
+    monkeypatch.undo()
+    assert Pipeline(spark, pipeline.root, word_count()).run() == 3
+    assert totals(pipeline, 2) == totals(reference, 2)
+
+
+def test_of_two_writers_on_the_same_step_exactly_one_commits(spark, pipeline):
+    pipeline.run(through=0)
+    writers = [Pipeline(spark, pipeline.root, word_count()) for _ in range(2)]
+    for w in writers:
+        w.open()  # both start from the same checkpoint
+    barrier, results = threading.Barrier(2), []
+
+    def run(writer):
+        barrier.wait()
+        try:
+            results.append(writer.advance(through=1))
+        except StaleWriterError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in writers]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sorted(map(type, results), key=str) == sorted([int, StaleWriterError], key=str), results
+    assert "another writer committed" in str([r for r in results if isinstance(r, Exception)][0])
+    final = Pipeline(spark, pipeline.root, word_count())
+    assert final.run() == 3
+    assert +totals(final, 2) == +totals(_fresh(spark, pipeline.root + "-fresh"), 2)
+
+
+def _fresh(spark, root):
+    p = Pipeline(spark, root, word_count())
+    submit_all(spark, p)
+    p.run()
+    return p
