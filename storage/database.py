@@ -22,7 +22,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from circuits.runner import OUTPUT, STATE
+from circuits.sharding import VNODE
 from circuits.state import StateStore
+from circuits.zset import consolidate
 
 from .delta import WrittenFiles, commit, ensure_table, open_table, read_files, table_schema, write_tables
 from .errors import CorruptTableError, StaleWriterError, StorageError
@@ -176,6 +178,31 @@ class DeltaStateStore(StateStore):
                 self._tables[name] = commit(files, "step", self._step, base=self._tables.get(name, 0))
             else:
                 self._tables.setdefault(name, 0)  # version 0: created empty by write_tables
+
+    def compact(self) -> dict[str, tuple[int, int]]:
+        """Rewrites every trace consolidated (weights summed, zeros dropped) in one Spark job,
+        replacing its files in one Delta commit each.  Results do not change: a trace is a
+        Z-set, and consolidation is its identity.  Returns ``table -> (files before, after)``."""
+        traces = {name: self.scan(name) for name in self._tables}
+        parts = {
+            name: (self._uri(name), consolidate(df).sortWithinPartitions(VNODE))
+            for name, df in traces.items()
+            if df is not None
+        }
+        before = {name: len(open_table(self._uri(name), self._tables[name]).file_uris()) for name in parts}
+        written = write_tables(parts) if parts else {}
+        for name, files in written.items():
+            self._tables[name] = commit(files, "compact", self._version + 1, base=self._tables[name], replace=True)
+        return {name: (before[name], len(files.actions)) for name, files in written.items()}
+
+    def retained_table_versions(self) -> dict[str, set[int]]:
+        """The versions of each state table that the openable checkpoints pin."""
+        keep: dict[str, set[int]] = {}
+        for row in self._checkpoints():
+            if row["version"] in self.versions():
+                for name, version in json.loads(row["tables"]).items():
+                    keep.setdefault(name, set()).add(version)
+        return keep
 
     def get_meta(self, key: str) -> str | None:
         return self._meta.get(key)

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -131,20 +131,25 @@ def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFi
     return written
 
 
-def commit(files: WrittenFiles, app_id: str, version: int, base: int | None = None) -> int:
+def commit(files: WrittenFiles, app_id: str, version: int, base: int | None = None, replace: bool = False) -> int:
     """Commits ``files`` as one Delta version, tagged with app transaction ``(app_id, version)``.
 
     With ``base``, the commit is made on top of that table version: if another writer
     committed the same ``app_id`` since, delta-rs refuses it as a concurrent transaction
-    (this is how a stale writer is fenced off).  delta-rs does not skip a repeated
+    (this is how a stale writer is fenced off).  ``replace`` removes every file the base
+    version had, in the same commit.  delta-rs does not skip a repeated
     app-transaction version, so callers check :func:`transaction_version` first.
     Returns the table's new version.
     """
     ensure_table(files.uri, files.schema)
     table = DeltaTable(files.uri, version=base)
+    actions: list[AddAction | RemoveAction] = list(files.actions)
+    if replace:
+        now = int(time.time() * 1000)
+        actions += [RemoveAction(p, True, now, s) for p, s in zip(*_paths_and_sizes(table))]
     try:
         table.create_write_transaction(
-            files.actions,
+            actions,
             mode="append",
             schema=table.schema(),
             commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
@@ -155,6 +160,11 @@ def commit(files: WrittenFiles, app_id: str, version: int, base: int | None = No
         raise StorageError(f"committing to {files.uri} failed: {e}") from e
     table.update_incremental()
     return table.version()
+
+
+def _paths_and_sizes(table: DeltaTable) -> tuple[list[str], list[int]]:
+    adds = pa.table(table.get_add_actions(flatten=True))
+    return adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist()
 
 
 def transaction_version(uri: str, app_id: str) -> int | None:

@@ -11,8 +11,10 @@ next ``run``.
 
 from __future__ import annotations
 
+import os
 import threading
 
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from circuits.circuit import Circuit
@@ -73,6 +75,37 @@ class Pipeline:
             failpoint("after_commit", step - 1)
         return step
 
+    def compact(self) -> dict[str, tuple[int, int]]:
+        """Checkpoint, consolidate every trace, checkpoint again (at the same step)."""
+        self.open()
+        report = self.state.compact()
+        if report:
+            self.state.commit()
+        return report
+
+    def vacuum(self) -> list[str]:
+        """Deletes data files no openable checkpoint needs (and files no commit ever took,
+        such as the output of a discarded replay).  Returns the deleted paths.
+
+        Keeps, for every state table, the files of each version that an openable
+        checkpoint pins, so recovery from the earliest retained checkpoint still works;
+        for the logs, the files of their latest version.  Run it when no run is active.
+        """
+        keep = self.state.retained_table_versions()
+        deleted = []
+        for uri in _delta_tables(self.root):
+            table = DeltaTable(uri)
+            name = os.path.relpath(uri, os.path.join(self.root, "state"))
+            versions = sorted(keep.get(name, set()) | {table.version()})
+            deleted += table.vacuum(
+                retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True, keep_versions=versions
+            )
+        return deleted
+
     def read_outputs(self, handle: str, first: int, last: int) -> DataFrame:
         """Output changes of steps ``first..=last``, with each step's number (``_step``)."""
         return self.outputs.read(handle, first, last)
+
+
+def _delta_tables(root: str) -> list[str]:
+    return [d for d, subdirs, _ in os.walk(root) if "_delta_log" in subdirs]

@@ -191,3 +191,31 @@ def _fresh(spark, root):
     submit_all(spark, p)
     p.run()
     return p
+
+
+def test_compaction_consolidates_traces_and_changes_no_result(spark, pipeline, tmp_path):
+    reference = _fresh(spark, str(tmp_path / "reference"))
+    pipeline.run(through=1)
+    report = pipeline.compact()
+    assert report and all(after <= before for before, after in report.values())
+    assert Pipeline(spark, pipeline.root, word_count()).run() == 3
+    assert totals(pipeline, 2) == totals(reference, 2)
+
+
+def test_vacuum_keeps_what_recovery_from_the_earliest_checkpoint_needs(spark, pipeline, tmp_path):
+    reference = _fresh(spark, str(tmp_path / "reference"))
+    pipeline.run(through=1)
+    before_compaction = {f for n, t in delta_tables(pipeline.root).items() if n.startswith("state/") for f in t.file_uris()}
+    pipeline.compact()
+    pipeline.compact()  # now no openable checkpoint pins the files from before compaction
+    orphan = os.path.join(pipeline.root, "outputs", "totals", "part-orphan-from-a-discarded-replay.parquet")
+    with open(orphan, "wb") as f:
+        f.write(b"not committed")
+    deleted = pipeline.vacuum()
+    assert os.path.basename(orphan) in deleted and not os.path.exists(orphan)
+    assert before_compaction and all(not os.path.exists(f.removeprefix("file://")) for f in before_compaction)
+    # Recover from the earliest retained checkpoint: everything it needs is still there.
+    earliest = Pipeline(spark, pipeline.root, word_count())
+    earliest.state.open(earliest.state.versions()[0])
+    assert earliest.advance() == 3
+    assert totals(earliest, 2) == totals(reference, 2)
