@@ -130,6 +130,10 @@ class DeltaStateStore(StateStore):
         self._version = new
         return new
 
+    @property
+    def opened_version(self) -> int | None:
+        return self._version
+
     def get_step(self) -> int:
         return self._step
 
@@ -215,7 +219,9 @@ class DeltaStateStore(StateStore):
     def _restore(self, name: str, version: int) -> int:
         """Makes table ``name`` hold its contents at ``version``; returns its latest version."""
         table = open_table(self._uri(name))
-        if table.version() != version:
+        # Compare contents, not version numbers: a table restored before holds the pinned
+        # contents at a later version, and restoring again would only add versions.
+        if set(table.file_uris()) != set(open_table(self._uri(name), version).file_uris()):
             _restore_table(table, version)
             table.update_incremental()
         return table.version()

@@ -12,18 +12,17 @@ next ``run``.
 from __future__ import annotations
 
 import os
-import threading
 
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from circuits.circuit import Circuit
-from circuits.runner import StepRunner
 
 from .database import DeltaStateStore
-from .errors import InputTimeoutError
+from .errors import StepOrderError
 from .faults import failpoint
 from .logs import DivisionLog, InputLog, OutputLog, Range
+from .worker import Worker
 
 
 class Pipeline:
@@ -44,36 +43,29 @@ class Pipeline:
         self.inputs.persist(step, inputs)
         failpoint("after_input", step)
 
-    def run(self, through: int | None = None, cancel: threading.Event | None = None, timeout: float = 0.0) -> int:
-        """Opens the latest checkpoint, then :meth:`advance`\ s.  Returns the next step to run."""
+    def run(self, through: int | None = None) -> int:
+        """Opens the latest checkpoint, then advances (see :meth:`advance`).  Returns the next step."""
         self.open()
-        return self.advance(through, cancel, timeout)
+        return self.advance(through)
 
     def open(self) -> None:
         """Opens the state at the latest checkpoint (discarding anything written after it)."""
         self.state.open(self.state.versions()[-1])
 
-    def advance(self, through: int | None = None, cancel: threading.Event | None = None, timeout: float = 0.0) -> int:
+    def advance(self, through: int | None = None) -> int:
         """Runs every step from the opened checkpoint's through ``through`` (default: all whose
-        input is persisted), then checkpoints.  Returns the next step to run."""
-        runner = StepRunner(self.circuit, self.spark, self.state, workers=self.workers)
-        first = step = self.state.get_step()
-        while through is None or step <= through:
-            try:
-                inputs = self.inputs.read(step, timeout=timeout, cancel=cancel)
-            except InputTimeoutError:
-                if through is not None:
-                    raise
-                break
-            runner.step(inputs)
-            self.outputs.write(step, self.state.written_outputs)
-            failpoint("after_output", step)
-            step += 1
-            self.state.set_step(step)
-        if step > first:  # a run with nothing to do leaves no trace: no new version anywhere
-            self.state.commit()
-            failpoint("after_commit", step - 1)
-        return step
+        input is persisted), then checkpoints.  Returns the next step to run.
+
+        Fails, naming the step, when a step up to ``through`` has no input yet.
+        """
+        target = self.state.get_step()
+        while (through is None or target <= through) and self.inputs.persisted(target):
+            target += 1
+        if through is not None and target <= through:
+            raise StepOrderError(f"cannot run through step {through}: step {target} has no recorded input yet")
+        worker = Worker(self)
+        worker.start(self.state.opened_version, stop_at=target)
+        return worker.stop(target)
 
     def compact(self) -> dict[str, tuple[int, int]]:
         """Checkpoint, consolidate every trace, checkpoint again (at the same step)."""

@@ -219,3 +219,27 @@ def test_vacuum_keeps_what_recovery_from_the_earliest_checkpoint_needs(spark, pi
     earliest.state.open(earliest.state.versions()[0])
     assert earliest.advance() == 3
     assert totals(earliest, 2) == totals(reference, 2)
+
+
+def test_a_paused_worker_stops_every_step_at_the_same_boundary_and_checkpoints(spark, tmp_path):
+    import time
+
+    from storage.worker import Worker
+
+    p = Pipeline(spark, str(tmp_path / "paused"), word_count())
+    submit_all(spark, p, STEPS[:1])  # only step 0 has input so far
+    p.open()
+    worker = Worker(p, poll=0.2)
+    worker.start(p.state.opened_version)  # runs until told to stop
+    deadline = time.monotonic() + 120
+    while p.outputs.last("totals") < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert worker.pause() == 1  # was blocked reading step 1: cancelled, parked at the boundary
+    submit_all(spark, p)  # steps 1 and 2 arrive while paused
+    assert worker.stop(2) == 2  # runs step 1, not step 2
+    assert p.outputs.last("totals") == 2
+    reopened = Pipeline(spark, p.root, word_count())
+    reopened.open()
+    assert reopened.state.get_step() == 2
+    with pytest.raises(StepOrderError, match="cannot run through step 5: step 3 has no recorded input yet"):
+        reopened.advance(through=5)
