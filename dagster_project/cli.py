@@ -9,7 +9,6 @@ from collections import Counter
 
 from circuits import InMemoryStateStore, StepRunner
 from circuits.library import NexmarkGenerator, nexmark_circuit, nexmark_inputs
-from circuits.library.nexmark import SCHEMAS
 from circuits.spark import local_session
 
 RECOMPUTE_Q4 = """

@@ -135,7 +135,7 @@ class InputLog:
             if df is None:
                 df = self.spark.createDataFrame([], with_weight_schema(schema))
             parts[handle] = (self._uri(handle), df.withColumn(STEP, F.lit(step).cast("bigint")))
-        for handle, files in write_tables(parts).items():
+        for files in write_tables(parts).values():
             commit(files, "input", step)
 
     def read(self, step: int, timeout: float = 60.0, cancel: threading.Event | None = None) -> dict[str, DataFrame]:

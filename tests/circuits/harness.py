@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Mapping
 
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from circuits import InMemoryStateStore, StepRunner, from_rows
@@ -64,3 +66,18 @@ def insert_delete_steps(draw, inputs: Mapping[str, st.SearchStrategy], max_steps
             step[name] = [(*r, 1) for r in inserts] + [(*r, -1) for r in deletes]
         steps.append(step)
     return steps
+
+
+def at_every_worker_count(steps: st.SearchStrategy, max_examples: int = 3):
+    """A property test over random ``steps``, run at 1, 2 and 4 workers.
+
+    Each example runs a real Spark step per generated step, so examples are few; the
+    strategies are built to make each one count (collisions, nulls, deletes of all).
+    """
+
+    def decorate(test):
+        test = given(steps=steps)(test)
+        test = settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck))(test)
+        return pytest.mark.parametrize("workers", [1, 2, 4])(test)
+
+    return decorate

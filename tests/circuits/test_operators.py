@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from circuits import Circuit, agg
 
 from ..oracle import add_into, sql
-from .harness import insert_delete_steps, run_and_compare
+from .harness import at_every_worker_count, insert_delete_steps, run_and_compare
 
 A_SCHEMA = "k int, v int, s string"
 B_SCHEMA = "k int, x int"
@@ -100,8 +98,6 @@ def expected(t: int, deltas: list[dict[str, Counter]], integrated: dict[str, Cou
     }
 
 
-@pytest.mark.parametrize("workers", [1, 2, 4])
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-@given(steps=insert_delete_steps({"a": a_rows, "b": b_rows}))
+@at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}))
 def test_every_operator_equals_recomputation(spark, workers, steps):
     run_and_compare(spark, kitchen_sink(), steps, workers, expected)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from circuits.library import NexmarkGenerator, nexmark_circuit, word_count
@@ -13,7 +11,7 @@ from circuits.library.nexmark import SCHEMAS
 from circuits.library.wordcount import WORDS_SCHEMA
 
 from ..oracle import sql
-from .harness import insert_delete_steps, run_and_compare
+from .harness import at_every_worker_count, insert_delete_steps, run_and_compare
 
 GENERATOR = NexmarkGenerator(seed=7, inter_event_ms=3_600_000)  # an event an hour: several days
 
@@ -64,10 +62,8 @@ def nexmark_expected(t, deltas, integrated):
     }
 
 
-@pytest.mark.parametrize("workers", [1, 2, 4])
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    steps=insert_delete_steps(
+@at_every_worker_count(
+    insert_delete_steps(
         {"persons": nexmark_rows("persons"), "auctions": nexmark_rows("auctions"), "bids": nexmark_rows("bids")},
         max_rows=8,
     )
@@ -93,9 +89,7 @@ def word_count_expected(t, deltas, integrated):
     }
 
 
-@pytest.mark.parametrize("workers", [1, 2, 4])
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-@given(steps=insert_delete_steps({"upper": words, "lower": words}))
+@at_every_worker_count(insert_delete_steps({"upper": words, "lower": words}))
 def test_word_count_equals_recomputation(spark, workers, steps):
     run_and_compare(spark, word_count(), steps, workers, word_count_expected)
 
