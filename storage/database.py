@@ -156,7 +156,9 @@ class DeltaStateStore(StateStore):
         if delta is None:
             raise CorruptTableError(f"state table {self._uri(table)} is missing")
         files = delta.file_uris()
-        return read_files(self.spark, self._uri(table), table_schema(delta), files) if files else None
+        if not files:
+            return None
+        return read_files(self.spark, self._uri(table), table_schema(delta), files, self._tables[table])
 
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
         targets = {}

@@ -177,13 +177,18 @@ def table_schema(table: DeltaTable) -> T.StructType:
     return from_arrow_schema(pa.schema(table.schema().to_arrow()))
 
 
-def read_files(spark: SparkSession, uri: str, schema: T.StructType, paths: list[str]) -> DataFrame:
-    """The Parquet files ``paths`` of table ``uri`` as a DataFrame (empty when none)."""
+def read_files(
+    spark: SparkSession, uri: str, schema: T.StructType, paths: list[str], version: int | None = None
+) -> DataFrame:
+    """The Parquet files ``paths`` of table ``uri`` (at ``version``, for messages) as a DataFrame."""
     if not paths:
         return spark.createDataFrame([], schema)
     missing = [p for p in paths if not os.path.exists(p.removeprefix("file://"))]
     if missing:
-        raise CorruptTableError(f"Delta table {uri}: data file {missing[0]} is missing")
+        at = "" if version is None else f" version {version}"
+        raise CorruptTableError(
+            f"Delta table {uri}{at}: data file {missing[0]} is missing; restore it, or open an earlier checkpoint"
+        )
     return spark.read.schema(schema).parquet(*paths)
 
 

@@ -95,8 +95,17 @@ class Pipeline:
         return deleted
 
     def read_outputs(self, handle: str, first: int, last: int) -> DataFrame:
-        """Output changes of steps ``first..=last``, with each step's number (``_step``)."""
-        return self.outputs.read(handle, first, last)
+        """Output changes of steps ``first..=last``, each with its step (``_step``) and the input
+        offset ranges that produced it (``_input``: source, partition, start, end)."""
+        offsets = self.spark.createDataFrame(
+            [
+                (step, [(r.source, r.partition, r.start, r.end) for r in ranges])
+                for step, ranges in self.divisions.all().items()
+                if first <= step <= last
+            ],
+            "_step bigint, _input array<struct<source: string, partition: bigint, start: bigint, end: bigint>>",
+        )
+        return self.outputs.read(handle, first, last).join(offsets, "_step", "left")
 
 
 def _delta_tables(root: str) -> list[str]:

@@ -57,7 +57,8 @@ def output_log(pipeline: Pipeline, steps: int) -> dict[str, Counter]:
     for handle in pipeline.circuit.outputs:
         rows = pipeline.read_outputs(handle, 0, steps).collect()
         logs[handle] = Counter(
-            (r["_step"], *(round(v, 9) if isinstance(v, float) else v for v in r[:-1])) for r in rows
+            tuple(round(v, 9) if isinstance(v, float) else v for k, v in r.asDict().items() if k != "_input")
+            for r in rows
         )
     return logs
 
