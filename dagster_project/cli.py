@@ -4,55 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections import Counter
 
-from circuits import InMemoryStateStore, StepRunner
-from circuits.library import NexmarkGenerator, nexmark_circuit, nexmark_inputs
-from circuits.spark import local_session
-
-RECOMPUTE_Q4 = """
-SELECT category, avg(final) AS avg_final FROM (
-  SELECT a.id, a.category, max(b.price) AS final FROM auctions a JOIN bids b ON a.id = b.auction
-  WHERE b.date_time BETWEEN a.date_time AND a.expires GROUP BY a.id, a.category)
-GROUP BY category
-"""
-
+from .demo import run_demo
 
 def demo(args: argparse.Namespace) -> int:
-    """Runs Nexmark views step by step and checks q4 against a Spark batch recomputation."""
-    spark = local_session(cores=args.cores, app_name="dbsp-demo")
-    circuit = nexmark_circuit()
-    runner = StepRunner(circuit, spark, InMemoryStateStore(), workers=args.workers)
-    generator = NexmarkGenerator(seed=args.seed)
-    integral: dict[str, Counter] = {name: Counter() for name in circuit.outputs}
-    events = []
-    for step in range(args.steps):
-        batch = list(generator.events(step * args.events_per_step, args.events_per_step))
-        events.extend(batch)
-        started = time.perf_counter()
-        outputs = runner.step(nexmark_inputs(spark, batch)).collect_outputs()
-        elapsed = time.perf_counter() - started
-        for name, rows in outputs.items():
-            for *row, w in rows:
-                integral[name][tuple(row)] += w
-        changes = ", ".join(f"{name} {len(rows)}" for name, rows in outputs.items())
-        print(f"step {step}: {len(batch)} events in, changes out: {changes} ({elapsed:.1f} s)", flush=True)
-
-    for name, rows in nexmark_inputs(spark, events).items():
-        rows.drop("_weight").createOrReplaceTempView(name)
-    recomputed = Counter(tuple(r) for r in spark.sql(RECOMPUTE_Q4).collect())
-    maintained = +integral["q4"]
+    """Runs the Nexmark views step by step and checks q4 against a Spark batch recomputation."""
+    result = run_demo(args.steps, args.events_per_step, args.workers, args.seed, args.cores, log=print)
     print("\nq4, average closing price per category (incrementally maintained):")
-    for category, avg_final in sorted(maintained):
+    for category, avg_final in sorted(result.q4):
         print(f"  category {category}: {avg_final:,.2f}")
-    same = _rounded(maintained) == _rounded(recomputed)
-    print(f"\nq4 equals a Spark batch recomputation over all {len(events)} events: {same}")
-    return 0 if same else 1
-
-
-def _rounded(z: Counter) -> Counter:
-    return Counter({tuple(round(v, 6) if isinstance(v, float) else v for v in row): w for row, w in z.items()})
+    print(f"\nq4 equals a Spark batch recomputation over all {result.events} events: {result.q4_matches}")
+    return 0 if result.q4_matches else 1
 
 
 def main(argv: list[str] | None = None) -> int:
