@@ -90,8 +90,12 @@ class Layout:
         salts = F.array(*[F.lit(s) for s in self._salts])
         return F.element_at(salts, self.worker_of(vnode) + 1)
 
+    @cached_property
+    def _contiguous(self) -> bool:
+        return self.owners == Layout.balanced(self.vnodes, self.workers).owners
+
     def worker_of(self, vnode: Column) -> Column:
-        if self.owners == Layout.balanced(self.vnodes, self.workers).owners:
+        if self._contiguous:
             # Contiguous ranges: arithmetic keeps the plan small (no per-vnode table).
             return (vnode * self.workers / self.vnodes).cast("int")
         return F.element_at(F.array(*[F.lit(o) for o in self.owners]), vnode + 1)

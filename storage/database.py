@@ -29,10 +29,10 @@ from circuits.zset import consolidate
 from .delta import WrittenFiles, commit, ensure_table, open_table, read_files, table_schema, write_tables
 from .errors import CorruptTableError, StaleWriterError, StorageError
 from .faults import failpoint
+from .logs import STEP, output_uri
 
 ENGINE_VERSION = "0.1.0"
 STATE_FORMAT = 1
-STEP = "_step"
 _CHECKPOINT_SCHEMA = pa.schema(
     [
         ("version", pa.int64()),
@@ -75,17 +75,14 @@ class DeltaStateStore(StateStore):
 
     def versions(self) -> range:
         """The versions that can be opened: the last checkpoint and the one before it."""
-        rows = self._checkpoints()
-        if not rows:
-            return range(0, 1)
-        latest = rows[-1]["version"]
-        return range(max(latest - 1, 0), latest + 1)
+        return _openable(self._checkpoints())
 
     def open(self, version: int) -> None:
         """Opens at checkpoint ``version``; reads and writes go to ``version + 1``."""
-        if version not in self.versions():
-            raise StorageError(f"state at {self.root} cannot open version {version}; it has {self.versions()}")
-        rows = {r["version"]: r for r in self._checkpoints()}
+        checkpoints = self._checkpoints()
+        if version not in _openable(checkpoints):
+            raise StorageError(f"state at {self.root} cannot open version {version}; it has {_openable(checkpoints)}")
+        rows = {r["version"]: r for r in checkpoints}
         record = rows.get(version)
         if version > 0 and record is None:
             raise CorruptTableError(f"{self.checkpoints_uri}: checkpoint {version} is missing")
@@ -164,17 +161,14 @@ class DeltaStateStore(StateStore):
         targets = {}
         for name, df in parts.items():
             if name.startswith(OUTPUT):
-                targets[name] = (os.path.join(self.root, "outputs", name[len(OUTPUT):]), df.withColumn(STEP, F.lit(self._step).cast("bigint")))
+                step = F.lit(self._step).cast("bigint")
+                targets[name] = (output_uri(self.root, name[len(OUTPUT):]), df.withColumn(STEP, step))
             else:
                 targets[name] = (self._uri(name[len(STATE):]), df)
         written = write_tables(targets)
         self.written_outputs = {n[len(OUTPUT):]: w for n, w in written.items() if n.startswith(OUTPUT)}
         self._pending = {n[len(STATE):]: w for n, w in written.items() if n.startswith(STATE)}
-        return {
-            name: read_files(self.spark, w.uri, parts[name].schema if name.startswith(STATE) else targets[name][1].schema, w.paths)
-            .drop(STEP)
-            for name, w in written.items()
-        }
+        return {name: read_files(self.spark, w.uri, targets[name][1].schema, w.paths).drop(STEP) for name, w in written.items()}
 
     def apply(self, deltas: dict[str, DataFrame]) -> None:
         for name in deltas:
@@ -204,8 +198,9 @@ class DeltaStateStore(StateStore):
     def retained_table_versions(self) -> dict[str, set[int]]:
         """The versions of each state table that the openable checkpoints pin."""
         keep: dict[str, set[int]] = {}
-        for row in self._checkpoints():
-            if row["version"] in self.versions():
+        checkpoints = self._checkpoints()
+        for row in checkpoints:
+            if row["version"] in _openable(checkpoints):
                 for name, version in json.loads(row["tables"]).items():
                     keep.setdefault(name, set()).add(version)
         return keep
@@ -235,6 +230,13 @@ class DeltaStateStore(StateStore):
             if max(rows, default=0) <= version:
                 _restore_table(table, delta_version)
                 return
+
+
+def _openable(checkpoints: list[dict]) -> range:
+    if not checkpoints:
+        return range(0, 1)
+    latest = checkpoints[-1]["version"]
+    return range(max(latest - 1, 0), latest + 1)
 
 
 def _restore_table(table, version: int) -> None:

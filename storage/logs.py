@@ -21,6 +21,11 @@ from .errors import CancelledError, DivisionConflictError, InputTimeoutError, Ou
 STEP = "_step"
 
 
+def output_uri(root: str, handle: str) -> str:
+    """Where output handle ``handle`` of the pipeline at ``root`` is logged."""
+    return os.path.join(root, "outputs", handle)
+
+
 def _next_step(uri: str, app_id: str) -> int:
     """One past the last step recorded under ``app_id`` (0 when none)."""
     last = transaction_version(uri, app_id)
@@ -165,7 +170,7 @@ class OutputLog:
         self.verify = verify
 
     def _uri(self, handle: str) -> str:
-        return os.path.join(self.root, "outputs", handle)
+        return output_uri(self.root, handle)
 
     def first(self, handle: str) -> int:
         table = open_table(self._uri(handle))
