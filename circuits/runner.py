@@ -18,6 +18,7 @@ from .sharding import Layout
 from .state import DEST, StateStore, pack
 from .zset import empty
 
+LAYOUT_KEY = "layout"
 FINGERPRINT_KEY = "circuit_fingerprint"
 OUTPUT = "output:"
 STATE = "state:"
@@ -68,6 +69,7 @@ class StepRunner:
         self.output_schemas = circuit.check(spark)
         if stored is None:
             store.set_meta(FINGERPRINT_KEY, fingerprint)
+        store.set_meta(LAYOUT_KEY, self.layout.describe())
 
     def step(self, inputs: Mapping[str, DataFrame]) -> StepResult:
         """Runs one step on the input deltas (absent inputs are empty) and applies its state."""

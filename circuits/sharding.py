@@ -74,6 +74,15 @@ class Layout:
     def vnodes(self) -> int:
         return len(self.owners)
 
+    def describe(self) -> str:
+        """``"256 vnodes over 2 workers: 0-127:w0 128-255:w1"`` (runs of vnodes per worker)."""
+        runs, start = [], 0
+        for v in range(1, self.vnodes + 1):
+            if v == self.vnodes or self.owners[v] != self.owners[start]:
+                runs.append(f"{start}-{v - 1}:w{self.owners[start]}")
+                start = v
+        return f"{self.vnodes} vnodes over {self.workers} workers: {' '.join(runs)}"
+
     @cached_property
     def _salts(self) -> tuple[int, ...]:
         # Spark's hash partitioner sends an int x to partition pmod(murmur3(x), W). For each

@@ -29,9 +29,15 @@ ENGINE_CONF = {
 
 def local_session(cores: int = 2, app_name: str = "dbsp", extra: dict[str, str] | None = None) -> SparkSession:
     """A local-mode session with the engine's settings (``cores`` threads in one JVM)."""
+    return session(f"local[{cores}]", app_name, extra)
+
+
+def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = None) -> SparkSession:
+    """A session on ``master`` (``local[N]``, ``spark://host:7077``, ``k8s://...``, ``yarn``)
+    with the engine's settings; an existing session in this process is reused."""
     # Python workers (mapInArrow) must run the interpreter that has this project's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**ENGINE_CONF, "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **(extra or {})}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

@@ -1,15 +1,27 @@
-"""The embedded local demo: Nexmark views maintained step by step on local Spark."""
+"""The main job on the embedded local default, end to end through Dagster.
 
-from __future__ import annotations
+Starts the bundled broker, produces Nexmark events to its topics, ticks the Kafka offset
+sensor (which records each step's division in Delta and adds the step partition), runs
+each requested step through Dagster on local Spark, and finally checks the maintained q4,
+read back from its output Delta table, against Spark batch SQL over the input log.
+"""
 
+import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from circuits import InMemoryStateStore, StepRunner
-from circuits.library import NexmarkGenerator, nexmark_circuit, nexmark_inputs
-from circuits.spark import local_session
+from dagster import DagsterInstance, build_sensor_context
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from circuits.zset import WEIGHT
+from storage.logs import STEP, read_steps
+from storage.pipeline import Pipeline, status
+
+from .config import PipelineSpec, ProjectSpec, load_object
+from .factory import build_definitions, produce_events
 
 RECOMPUTE_Q4 = """
 SELECT category, avg(final) AS avg_final FROM (
@@ -21,39 +33,64 @@ GROUP BY category
 
 @dataclass
 class DemoResult:
-    events: int
+    steps: list[int]
     q4: Counter
     q4_matches: bool
     step_seconds: list[float] = field(default_factory=list)
 
 
 def run_demo(
-    steps: int, events_per_step: int, workers: int, seed: int, cores: int, log: Callable[[str], None]
+    project: ProjectSpec, steps: int, events_per_step: int, seed: int, reset: bool, log: Callable[[str], None]
 ) -> DemoResult:
-    """Runs the four Nexmark views for ``steps`` steps of generated events and checks the
-    maintained q4 against Spark batch SQL over all the events."""
-    spark = local_session(cores=cores, app_name="dbsp-demo")
-    circuit = nexmark_circuit()
-    runner = StepRunner(circuit, spark, InMemoryStateStore(), workers=workers)
-    generator = NexmarkGenerator(seed=seed)
-    integral: dict[str, Counter] = {name: Counter() for name in circuit.outputs}
-    events, seconds = [], []
-    for step in range(steps):
-        batch = list(generator.events(step * events_per_step, events_per_step))
-        events.extend(batch)
-        started = time.perf_counter()
-        outputs = runner.step(nexmark_inputs(spark, batch)).collect_outputs()
-        seconds.append(time.perf_counter() - started)
-        for name, rows in outputs.items():
-            for *row, w in rows:
-                integral[name][tuple(row)] += w
-        changes = ", ".join(f"{name} {len(rows)}" for name, rows in outputs.items())
-        log(f"step {step}: {len(batch)} events in, changes out: {changes} ({seconds[-1]:.1f} s)")
-    for name, rows in nexmark_inputs(spark, events).items():
-        rows.drop("_weight").createOrReplaceTempView(name)
+    """Produces ``steps`` batches of events; each becomes one step run through Dagster."""
+    base = project.pipelines[0]
+    # One step per batch: cut as soon as a batch is there.
+    spec = PipelineSpec(**{**base.model_dump(), "max_records_per_step": events_per_step, "max_wait_seconds": 0})
+    project = ProjectSpec(pipelines=[spec], resources=project.resources)
+    defs = build_definitions(project)
+    instance = DagsterInstance.get()
+    resources = defs.resources
+    store, kafka, spark = resources["store"], resources["kafka"], resources["spark"]
+    root = store.pipeline_root(spec.name)
+    if reset:
+        shutil.rmtree(root, ignore_errors=True)
+    sensor = defs.resolve_sensor_def(f"{spec.name}_kafka_offsets")
+    step_job = defs.resolve_job_def(f"{spec.name}_step_job")
+    source = kafka.source(spec)
+    log(f"broker {source.bootstrap_servers}, topics {sorted(source.topics.values())}, state under {root}")
+    ran, seconds = [], []
+    for _ in range(steps):
+        start = produce_events(source, load_object(spec.producer), events_per_step, seed)
+        result = sensor(build_sensor_context(instance=instance, resources=resources))
+        for request in result.dynamic_partitions_requests or []:
+            instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+        for request in result.run_requests or []:
+            started = time.perf_counter()
+            outcome = step_job.execute_in_process(partition_key=request.partition_key, instance=instance, tags=request.tags)
+            seconds.append(time.perf_counter() - started)
+            ran.append(int(request.partition_key))
+            log(f"step {request.partition_key}: events {start}..{start + events_per_step} -> run {outcome.run_id[:8]} "
+                f"{'succeeded' if outcome.success else 'FAILED'} ({seconds[-1]:.1f} s)")
+    pipeline = Pipeline(spark.session(), root, spec.circuit_def, workers=spec.workers)
+    return _check_q4(pipeline, ran, seconds)
+
+
+def _check_q4(pipeline: Pipeline, ran: list[int], seconds: list[float]) -> DemoResult:
+    """q4 integrated from its output log against Spark SQL over the integrated input log."""
+    last = status(pipeline.root).committed_step - 1
+    spark = pipeline.spark
+    for handle in pipeline.circuit.inputs:
+        integral(read_steps(spark, pipeline.inputs.uri(handle), 0, last)).createOrReplaceTempView(handle)
     recomputed = Counter(tuple(r) for r in spark.sql(RECOMPUTE_Q4).collect())
-    maintained = +integral["q4"]
-    return DemoResult(len(events), maintained, _rounded(maintained) == _rounded(recomputed), seconds)
+    maintained = Counter(tuple(r) for r in integral(pipeline.outputs.read("q4", 0, last)).collect())
+    return DemoResult(ran, maintained, _rounded(maintained) == _rounded(recomputed), seconds)
+
+
+def integral(changes: DataFrame) -> DataFrame:
+    """The bag a change log adds up to: each row repeated by its summed weight."""
+    columns = [c for c in changes.columns if c not in (WEIGHT, STEP)]
+    summed = changes.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) > 0)
+    return summed.withColumn("_copy", F.explode(F.sequence(F.lit(1), F.col(WEIGHT)))).select(*columns)
 
 
 def _rounded(z: Counter) -> Counter:

@@ -26,13 +26,22 @@ from circuits.sharding import VNODE
 from circuits.state import StateStore
 from circuits.zset import consolidate
 
-from .delta import WrittenFiles, commit, ensure_table, open_table, read_files, table_schema, write_tables
+from .delta import (
+    WrittenFiles,
+    commit,
+    ensure_table,
+    open_table,
+    read_files,
+    table_schema,
+    write_tables,
+)
 from .errors import CorruptTableError, StaleWriterError, StorageError
 from .faults import failpoint
 from .logs import STEP, output_uri
 
 ENGINE_VERSION = "0.1.0"
 STATE_FORMAT = 1
+CHECKPOINTS = "_checkpoints"
 _CHECKPOINT_SCHEMA = pa.schema(
     [
         ("version", pa.int64()),
@@ -56,7 +65,7 @@ class DeltaStateStore(StateStore):
     def __init__(self, spark: SparkSession, root: str) -> None:
         self.spark = spark
         self.root = root
-        self.checkpoints_uri = os.path.join(root, "_checkpoints")
+        self.checkpoints_uri = os.path.join(root, CHECKPOINTS)
         self._version: int | None = None
         self._opened_log = None
         self._step = 0
@@ -68,10 +77,7 @@ class DeltaStateStore(StateStore):
     # -- the seed's database interface ------------------------------------------------
 
     def _checkpoints(self) -> list[dict]:
-        table = open_table(self.checkpoints_uri)
-        if table is None:
-            return []
-        return sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["version"])
+        return _checkpoint_rows(self.checkpoints_uri)
 
     def versions(self) -> range:
         """The versions that can be opened: the last checkpoint and the one before it."""
@@ -230,6 +236,23 @@ class DeltaStateStore(StateStore):
             if max(rows, default=0) <= version:
                 _restore_table(table, delta_version)
                 return
+
+
+def _checkpoint_rows(uri: str) -> list[dict]:
+    table = open_table(uri)
+    if table is None:
+        return []
+    return sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["version"])
+
+
+def latest_checkpoint(root: str) -> tuple[int, int, dict]:
+    """The latest checkpoint's (version, step, meta) of the state at ``root``, read without
+    opening (or restoring) anything: safe while a run is writing."""
+    checkpoints = _checkpoint_rows(os.path.join(root, CHECKPOINTS))
+    if not checkpoints:
+        return 0, 0, {}
+    record = checkpoints[-1]
+    return record["version"], record["step"], json.loads(record["meta"])
 
 
 def _openable(checkpoints: list[dict]) -> range:

@@ -13,8 +13,8 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -33,3 +33,7 @@ class InputTimeoutError(StorageError):
 
 class CancelledError(StorageError):
     """A blocking read was cancelled."""
+
+
+class LeaseHeldError(StorageError):
+    """Another run holds the pipeline's lease: only one run may advance a pipeline at a time."""

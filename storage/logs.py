@@ -15,10 +15,25 @@ from pyspark.sql import types as T
 
 from circuits.zset import with_weight_schema
 
-from .delta import WrittenFiles, commit, open_table, read_files, table_schema, transaction_version, write_tables
-from .errors import CancelledError, DivisionConflictError, InputTimeoutError, OutputMismatchError, StepOrderError
+from .delta import (
+    WrittenFiles,
+    commit,
+    open_table,
+    read_files,
+    table_schema,
+    transaction_version,
+    write_tables,
+)
+from .errors import (
+    CancelledError,
+    DivisionConflictError,
+    InputTimeoutError,
+    OutputMismatchError,
+    StepOrderError,
+)
 
 STEP = "_step"
+DEAD_LETTERS = "_dead_letters"
 
 
 def output_uri(root: str, handle: str) -> str:
@@ -48,6 +63,14 @@ def _files_of_step(uri: str, step: int) -> list[str]:
 
 def _step_schema(schema: T.StructType) -> T.StructType:
     return T.StructType([*with_weight_schema(schema).fields, T.StructField(STEP, T.LongType())])
+
+
+def read_steps(spark: SparkSession, uri: str, first: int, last: int) -> DataFrame:
+    """Rows of steps ``first..=last`` of the step-keyed table ``uri``, with their ``_step``."""
+    table = open_table(uri)
+    if table is None:
+        raise StepOrderError(f"{uri} has no steps yet")
+    return read_files(spark, uri, table_schema(table), table.file_uris()).where(F.col(STEP).between(first, last))
 
 
 @dataclass(frozen=True)
@@ -96,6 +119,11 @@ class DivisionLog:
             commit_properties=CommitProperties(app_transactions=[Transaction("division", step)]),
         )
 
+    def last_recorded_at(self) -> float | None:
+        """When the latest division was recorded (seconds since the epoch), None before the first."""
+        table = open_table(self.uri)
+        return None if table is None or table.version() == 0 else table.history(1)[0]["timestamp"] / 1000
+
     def get(self, step: int) -> list[Range]:
         table = open_table(self.uri)
         if table is None:
@@ -114,24 +142,43 @@ class DivisionLog:
         return {s: sorted(rs, key=lambda r: (r.source, r.partition)) for s, rs in sorted(out.items())}
 
 
+DEAD_LETTER_SCHEMA = T.StructType(
+    [
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.LongType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("reason", T.StringType()),
+        T.StructField("value", T.StringType()),
+    ]
+)
+
+
 class InputLog:
     """Each step's input Z-sets, persisted per input handle under ``<root>/inputs``, so a
-    replay never depends on the source's retention."""
+    replay never depends on the source's retention.  Records that could not be decoded
+    go to the dead-letter table ``<root>/_dead_letters`` with their step, offset and reason.
+    """
 
     def __init__(self, spark: SparkSession, root: str, schemas: dict[str, T.StructType]) -> None:
         self.spark = spark
         self.root = root
         self.schemas = schemas
 
-    def _uri(self, handle: str) -> str:
+    def uri(self, handle: str) -> str:
         return os.path.join(self.root, "inputs", handle)
 
-    def persisted(self, step: int) -> bool:
-        return all(_next_step(self._uri(h), "input") > step for h in self.schemas)
+    @property
+    def dead_letters_uri(self) -> str:
+        return os.path.join(self.root, DEAD_LETTERS)
 
-    def persist(self, step: int, inputs: dict[str, DataFrame]) -> None:
-        """Writes ``step``'s input for every handle (absent handles: empty), once."""
-        todo = {h: s for h, s in self.schemas.items() if _next_step(self._uri(h), "input") <= step}
+    def persisted(self, step: int) -> bool:
+        return all(_next_step(self.uri(h), "input") > step for h in self.schemas)
+
+    def persist(self, step: int, inputs: dict[str, DataFrame], dead_letters: DataFrame | None = None) -> None:
+        """Writes ``step``'s input for every handle (absent handles: empty) and its dead
+        letters (``DEAD_LETTER_SCHEMA``), once, with one Spark job.  The dead letters are
+        committed before the inputs, whose commits mark the step persisted."""
+        todo = {h: s for h, s in self.schemas.items() if _next_step(self.uri(h), "input") <= step}
         if not todo:
             return
         parts = {}
@@ -139,9 +186,20 @@ class InputLog:
             df = inputs.get(handle)
             if df is None:
                 df = self.spark.createDataFrame([], with_weight_schema(schema))
-            parts[handle] = (self._uri(handle), df.withColumn(STEP, F.lit(step).cast("bigint")))
-        for files in write_tables(parts).values():
+            parts[handle] = (self.uri(handle), df)
+        if dead_letters is not None and _next_step(self.dead_letters_uri, "dead_letter") <= step:
+            parts[DEAD_LETTERS] = (self.dead_letters_uri, dead_letters.select(*DEAD_LETTER_SCHEMA.names))
+        written = write_tables({n: (uri, df.withColumn(STEP, F.lit(step).cast("bigint"))) for n, (uri, df) in parts.items()})
+        if DEAD_LETTERS in written:
+            commit(written.pop(DEAD_LETTERS), "dead_letter", step)
+        for files in written.values():
             commit(files, "input", step)
+
+    def dead_letters(self) -> DataFrame:
+        """Every dead letter so far, with its ``_step``."""
+        table = open_table(self.dead_letters_uri)
+        schema = T.StructType([*DEAD_LETTER_SCHEMA.fields, T.StructField(STEP, T.LongType())])
+        return read_files(self.spark, self.dead_letters_uri, schema, [] if table is None else table.file_uris())
 
     def read(self, step: int, timeout: float = 60.0, cancel: threading.Event | None = None) -> dict[str, DataFrame]:
         """``step``'s input per handle; blocks until it is persisted, ``timeout`` passes, or ``cancel`` is set."""
@@ -153,7 +211,7 @@ class InputLog:
                 raise InputTimeoutError(f"the input of step {step} did not arrive within {timeout:g} s")
             time.sleep(0.1)
         return {
-            handle: read_files(self.spark, self._uri(handle), _step_schema(schema), _files_of_step(self._uri(handle), step))
+            handle: read_files(self.spark, self.uri(handle), _step_schema(schema), _files_of_step(self.uri(handle), step))
             .where(F.col(STEP) == step)
             .drop(STEP)
             for handle, schema in self.schemas.items()
@@ -169,16 +227,16 @@ class OutputLog:
         self.root = root
         self.verify = verify
 
-    def _uri(self, handle: str) -> str:
+    def uri(self, handle: str) -> str:
         return output_uri(self.root, handle)
 
     def first(self, handle: str) -> int:
-        table = open_table(self._uri(handle))
+        table = open_table(self.uri(handle))
         retained = None if table is None else table.metadata().configuration.get("dbsp.first_step")
         return int(retained) if retained else 0
 
     def last(self, handle: str) -> int:
-        return _next_step(self._uri(handle), "output")
+        return _next_step(self.uri(handle), "output")
 
     def write(self, step: int, outputs: dict[str, WrittenFiles]) -> None:
         """Below ``first``: discard.  In ``first..last``: discard (and, verifying, compare).
@@ -207,9 +265,4 @@ class OutputLog:
 
     def read(self, handle: str, first: int, last: int) -> DataFrame:
         """The changes of steps ``first..=last`` with their ``_step`` (join the division log for offsets)."""
-        table = open_table(self._uri(handle))
-        if table is None:
-            raise StepOrderError(f"output {handle!r} has no steps yet")
-        return read_files(self.spark, self._uri(handle), table_schema(table), table.file_uris()).where(
-            F.col(STEP).between(first, last)
-        )
+        return read_steps(self.spark, self.uri(handle), first, last)

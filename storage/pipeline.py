@@ -12,17 +12,49 @@ next ``run``.
 from __future__ import annotations
 
 import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from circuits.circuit import Circuit
 
-from .database import DeltaStateStore
+from .database import DeltaStateStore, latest_checkpoint
 from .errors import StepOrderError
 from .faults import failpoint
+from .lease import Lease
 from .logs import DivisionLog, InputLog, OutputLog, Range
 from .worker import Worker
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where a pipeline stands: steps ``< committed_step`` are checkpointed; divisions exist
+    for steps ``< divided_step``."""
+
+    committed_step: int
+    checkpoint_version: int
+    divided_step: int
+    meta: dict
+    lease_holder: str | None
+
+
+def status(root: str) -> Status:
+    """Where the pipeline at ``root`` stands.  Read-only and Spark-free: safe while a run
+    is advancing it, and cheap enough for a sensor tick."""
+    version, step, meta = latest_checkpoint(root)
+    lease = Lease(root).current()
+    return Status(
+        committed_step=step,
+        checkpoint_version=version,
+        divided_step=DivisionLog(root).next_step(),
+        meta=meta,
+        lease_holder=None if lease is None or lease.released or lease.expires < time.time() else lease.holder,
+    )
 
 
 class Pipeline:
@@ -35,6 +67,17 @@ class Pipeline:
         self.inputs = InputLog(spark, root, circuit.inputs)
         self.outputs = OutputLog(spark, root, verify=verify)
         self.state = DeltaStateStore(spark, root)
+        self.lease = Lease(root)
+        self.timings: Counter = Counter()
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Adds the wall time of the block to ``timings[phase]`` (seconds)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] += time.perf_counter() - started
 
     def submit(self, step: int, inputs: dict[str, DataFrame], ranges: list[Range]) -> None:
         """Records ``step``'s division, then persists its input (both idempotent)."""
@@ -51,6 +94,21 @@ class Pipeline:
     def open(self) -> None:
         """Opens the state at the latest checkpoint (discarding anything written after it)."""
         self.state.open(self.state.versions()[-1])
+
+    def pending(self, first: int, last: int) -> range:
+        """Opens the latest checkpoint and returns the steps of ``first..=last`` still to run.
+
+        Committed steps are not run again (empty range when all are); a range that starts
+        after the next uncommitted step is refused, naming that step: steps run in order.
+        """
+        self.open()
+        next_step = self.state.get_step()
+        if first > next_step:
+            raise StepOrderError(
+                f"cannot run step {first}: step {next_step} is not committed yet; run step {next_step} first "
+                f"(or steps {next_step}..{last} together)"
+            )
+        return range(next_step, last + 1)
 
     def advance(self, through: int | None = None) -> int:
         """Runs every step from the opened checkpoint's through ``through`` (default: all whose

@@ -86,16 +86,20 @@ class Worker:
                     if kind == STOP and step > target:
                         raise StepOrderError(f"told to stop at step {target}, but step {step} is already done")
                 try:
-                    inputs = pipeline.inputs.read(step, timeout=self.poll, cancel=self._token)
+                    with pipeline.timed("read"):
+                        inputs = pipeline.inputs.read(step, timeout=self.poll, cancel=self._token)
                 except (CancelledError, InputTimeoutError):
                     continue  # look at the state again
-                runner.step(inputs)
-                pipeline.outputs.write(step, pipeline.state.written_outputs)
+                with pipeline.timed("compute_and_write"):
+                    runner.step(inputs)
+                with pipeline.timed("output_commit"):
+                    pipeline.outputs.write(step, pipeline.state.written_outputs)
                 failpoint("after_output", step)
                 step += 1
                 pipeline.state.set_step(step)  # the database's step is the next one to run
             if step > first:  # a run with nothing to do leaves no trace: no new version anywhere
-                pipeline.state.commit()
+                with pipeline.timed("checkpoint_commit"):
+                    pipeline.state.commit()
                 failpoint("after_commit", step - 1)
             self.next_step = step
         except BaseException as e:  # noqa: BLE001 - handed to the coordinator by stop()

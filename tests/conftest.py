@@ -14,3 +14,12 @@ def spark():
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def broker():
+    """One local Kafka broker (tansu) for the whole test session (memory-only, gone after)."""
+    from sensors.broker import LocalBroker
+
+    with LocalBroker() as local:
+        yield local

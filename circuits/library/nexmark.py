@@ -86,6 +86,15 @@ class NexmarkGenerator:
         return (auction, bidder, rng.randrange(1, 10_000), rng.choice(CHANNELS), now)
 
 
+def nexmark_records(start: int, count: int, seed: int = 0) -> dict[str, list[dict]]:
+    """Events ``start..start+count`` as JSON-ready records per input (what a producer sends)."""
+    names = {name: [column.split()[0] for column in ddl.split(",")] for name, ddl in SCHEMAS.items()}
+    records: dict[str, list[dict]] = {name: [] for name in SCHEMAS}
+    for kind, row in NexmarkGenerator(seed=seed).events(start, count):
+        records[kind].append(dict(zip(names[kind], row)))
+    return records
+
+
 def nexmark_inputs(
     spark: SparkSession, events: list[tuple[str, tuple]], weight: int = 1
 ) -> dict[str, DataFrame]:

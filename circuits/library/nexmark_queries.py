@@ -78,3 +78,8 @@ def nexmark_circuit(name: str = "nexmark", queries: tuple[str, ...] = ("bids_by_
     for query in queries:
         views[query]().output(query)
     return circuit
+
+
+def revenue_circuit() -> Circuit:
+    """The three Nexmark inputs with one view, ``bids_by_category``: a small pipeline to run end to end."""
+    return nexmark_circuit("revenue", ("bids_by_category",))

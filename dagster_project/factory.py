@@ -1,0 +1,281 @@
+"""Dagster definitions for one pipeline: its step partitions, its outputs as one
+multi-asset, the Kafka offset sensor, and its maintenance jobs."""
+
+import json
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    BackfillPolicy,
+    Config,
+    DefaultSensorStatus,
+    Definitions,
+    DynamicPartitionsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    OpExecutionContext,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    define_asset_job,
+    job,
+    multi_asset,
+    op,
+    sensor,
+)
+
+from sensors.division import DivisionPolicy, cut_next
+from sensors.errors import SourceError
+from sensors.ingest import KafkaSource, run_steps
+from sensors.status import report
+from storage import inspect
+from storage.logs import DivisionLog, output_uri
+from storage.pipeline import Pipeline, status
+
+from .config import PipelineSpec, ProjectSpec, load_object
+from .resources import KafkaResource, SparkResource, StoreResource, build_resources
+
+PIPELINE_TAG = "dbsp/pipeline"
+
+
+def step_key(step: int) -> str:
+    return f"{step:010d}"
+
+
+def build_definitions(project: ProjectSpec) -> Definitions:
+    """Every pipeline of ``project``, with the project's resources."""
+    return Definitions.merge(
+        *(build_pipeline(spec) for spec in project.pipelines), Definitions(resources=build_resources(project))
+    )
+
+
+def build_pipeline(spec: PipelineSpec) -> Definitions:
+    """Everything Dagster needs to run ``spec``: assets, checks, sensor and jobs."""
+    partitions = DynamicPartitionsDefinition(name=f"{spec.name}_steps")
+    steps = _step_assets(spec, partitions)
+    step_job = define_asset_job(
+        f"{spec.name}_step_job", selection=[steps], partitions_def=partitions, tags={PIPELINE_TAG: spec.name}
+    )
+    jobs = [step_job, *_maintenance_jobs(spec)]
+    return Definitions(assets=[steps], jobs=jobs, sensors=[_offset_sensor(spec, partitions, step_job)])
+
+
+def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource) -> Pipeline:
+    return Pipeline(spark.session(), store.pipeline_root(spec.name), spec.circuit_def, workers=spec.workers)
+
+
+def _run_gone(instance):
+    """Whether the Dagster run holding a lease has ended (so its lease can be taken)."""
+
+    def gone(run_id: str) -> bool:
+        run = instance.get_run_by_id(run_id)
+        return run is None or run.is_finished
+
+    return gone
+
+
+def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
+    keys = {name: AssetKey([spec.name, name]) for name in spec.sinks}
+    checks = [AssetCheckSpec("consolidated", asset=k, description="the step's changes have no duplicate rows and no zero weights") for k in keys.values()]
+    checks += [
+        AssetCheckSpec("is_a_set", asset=keys[name], description="the view so far has no duplicate and no negative rows")
+        for name in spec.sinks
+        if name not in spec.bags
+    ]
+    specs = [
+        AssetSpec(
+            key,
+            description=f"Changes of view {name!r} of pipeline {spec.name!r}, one partition per step (Delta table).",
+            group_name=spec.name,
+            kinds={"spark", "delta"},
+        )
+        for name, key in keys.items()
+    ]
+
+    @multi_asset(
+        name=f"{spec.name}_steps",
+        specs=specs,
+        check_specs=checks,
+        partitions_def=partitions,
+        backfill_policy=BackfillPolicy.single_run(),
+        can_subset=False,
+    )
+    def steps(context: AssetExecutionContext, spark: SparkResource, store: StoreResource, kafka: KafkaResource):
+        first, last = (int(k) for k in (context.partition_key_range.start, context.partition_key_range.end))
+        pipeline = open_pipeline(spec, spark, store)
+        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+            context.log.info(f"{spec.name}: running steps {first}..{last}")
+            ran = run_steps(pipeline, kafka.source(spec), first, last)
+        context.log.info(f"{spec.name}: ran steps {list(ran)}" if ran else f"{spec.name}: steps {first}..{last} were committed already")
+        shared = _step_metadata(pipeline, first, last, ran)
+        for name, key in keys.items():
+            rows_out = inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)
+            yield MaterializeResult(asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out)})
+        for name, key in keys.items():
+            changes = pipeline.outputs.read(name, first, last)
+            bad = inspect.unconsolidated(changes)
+            yield AssetCheckResult(asset_key=key, check_name="consolidated", passed=bad == 0, metadata={"bad_rows": bad})
+            if name not in spec.bags:
+                bad = inspect.not_a_set(pipeline.outputs.read(name, 0, last))
+                yield AssetCheckResult(asset_key=key, check_name="is_a_set", passed=bad == 0, metadata={"bad_rows": bad})
+
+    return steps
+
+
+def _step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dict:
+    rows_state, bytes_state = inspect.size(f"{pipeline.root}/state")
+    offsets = [
+        f"| {step} | {r.source} | {r.partition} | {r.start} | {r.end} |"
+        for step, ranges in pipeline.divisions.all().items()
+        if first <= step <= last
+        for r in ranges
+    ]
+    metadata = {
+        "steps": f"{first}..{last}",
+        "steps_run": MetadataValue.int(len(ran)),
+        "checkpoint_version": MetadataValue.int(pipeline.state.opened_version or 0),
+        "state_rows": MetadataValue.int(rows_state),
+        "state_bytes": MetadataValue.int(bytes_state),
+        "input_offsets": MetadataValue.md("| step | topic | partition | start | end |\n|---|---|---|---|---|\n" + "\n".join(offsets)),
+        "dead_letters": MetadataValue.int(inspect.rows_of_steps(pipeline.inputs.dead_letters_uri, first, last)),
+    }
+    for handle in pipeline.circuit.inputs:
+        metadata[f"rows_in/{handle}"] = MetadataValue.int(inspect.rows_of_steps(pipeline.inputs.uri(handle), first, last))
+    for phase, seconds in pipeline.timings.items():
+        metadata[f"seconds/{phase}"] = MetadataValue.float(round(seconds, 3))
+    return metadata
+
+
+def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, step_job):
+    policy = DivisionPolicy(spec.max_records_per_step, spec.max_wait_seconds)
+
+    @sensor(
+        name=f"{spec.name}_kafka_offsets",
+        job=step_job,
+        minimum_interval_seconds=spec.sensor_interval_seconds,
+        default_status=DefaultSensorStatus.RUNNING if spec.sensor_running else DefaultSensorStatus.STOPPED,
+        description=f"Cuts the next step of {spec.name!r} from its topics' end offsets and requests its run.",
+    )
+    def offsets(context: SensorEvaluationContext, store: StoreResource, kafka: KafkaResource):
+        return evaluate_sensor(spec, policy, partitions, context.instance, store.pipeline_root(spec.name), kafka)
+
+    return offsets
+
+
+def evaluate_sensor(spec, policy, partitions, instance, root: str, kafka: KafkaResource):
+    """One tick.  The division log, not the cursor, is the truth: every divided step that is
+    not committed is (re)requested with ``run_key`` = pipeline and step, which Dagster runs
+    once; so a tick that died after recording a division loses nothing."""
+    try:
+        source = kafka.source(spec)
+        cut = cut_next(DivisionLog(root), source.client(), list(source.topics.values()), policy)
+    except SourceError as e:
+        return SkipReason(f"{spec.name}: nothing recorded: {e}")
+    position = status(root)
+    existing = set(instance.get_dynamic_partitions(partitions.name))
+    new = [step_key(s) for s in range(position.divided_step) if step_key(s) not in existing]
+    requests = [
+        RunRequest(run_key=f"{spec.name}:{step_key(s)}", partition_key=step_key(s), tags={PIPELINE_TAG: spec.name})
+        for s in range(position.committed_step, position.divided_step)
+    ]
+    return SensorResult(
+        run_requests=requests,
+        skip_reason=None if requests else cut.reason,
+        dynamic_partitions_requests=[partitions.build_add_request(new)] if new else [],
+        cursor=str(position.divided_step),
+    )
+
+
+class RecoverConfig(Config):
+    break_lease: bool = False
+
+
+class ProduceConfig(Config):
+    events: int = 5_000
+    seed: int = 0
+
+
+def _maintenance_jobs(spec: PipelineSpec) -> list:
+    @op(name=f"{spec.name}_compact_op")
+    def compact(context: OpExecutionContext, spark: SparkResource, store: StoreResource):
+        pipeline = open_pipeline(spec, spark, store)
+        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+            for table, (before, after) in pipeline.compact().items():
+                context.log.info(f"{table}: {before} -> {after} files")
+
+    @op(name=f"{spec.name}_vacuum_op")
+    def vacuum(context: OpExecutionContext, spark: SparkResource, store: StoreResource):
+        pipeline = open_pipeline(spec, spark, store)
+        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+            context.log.info(f"deleted {len(pipeline.vacuum())} files no checkpoint needs")
+
+    @op(name=f"{spec.name}_recover_op")
+    def recover(context: OpExecutionContext, config: RecoverConfig, spark: SparkResource, store: StoreResource, kafka: KafkaResource):
+        pipeline = open_pipeline(spec, spark, store)
+        if config.break_lease:
+            context.log.warning(f"broke the lease of {pipeline.lease.break_()}")
+        position = status(pipeline.root)
+        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+            ran = run_steps(pipeline, kafka.source(spec), position.committed_step, position.divided_step - 1)
+        context.log.info(f"recovered: ran steps {list(ran)}; next step {status(pipeline.root).committed_step}")
+
+    @op(name=f"{spec.name}_status_op")
+    def show_status(context: OpExecutionContext, store: StoreResource, kafka: KafkaResource):
+        context.log.info(describe(report(store.pipeline_root(spec.name), kafka.source(spec))))
+
+    pipeline_tags = {PIPELINE_TAG: spec.name}
+    jobs = [
+        _one_op_job(f"{spec.name}_compact", compact, pipeline_tags),
+        _one_op_job(f"{spec.name}_vacuum", vacuum, pipeline_tags),
+        _one_op_job(f"{spec.name}_recover", recover, pipeline_tags),
+        _one_op_job(f"{spec.name}_status", show_status, {}),
+    ]
+    if spec.producer is not None:
+        records_of = load_object(spec.producer)
+
+        @op(name=f"{spec.name}_produce_op")
+        def produce(context: OpExecutionContext, config: ProduceConfig, kafka: KafkaResource):
+            source = kafka.source(spec)
+            start = produce_events(source, records_of, config.events, config.seed)
+            context.log.info(f"produced events {start}..{start + config.events} to {sorted(source.topics.values())}")
+
+        jobs.append(_one_op_job(f"{spec.name}_produce", produce, {}))
+    return jobs
+
+
+def _one_op_job(name: str, the_op, tags: dict):
+    @job(name=name, tags=tags)
+    def one_op():
+        the_op()
+
+    return one_op
+
+
+def produce_events(source: KafkaSource, records_of, events: int, seed: int) -> int:
+    """Sends the next ``events`` events of a demo producer to the source's topics and
+    returns the index of the first.  The sequence continues from the number of records
+    already in the topics, so producing twice never repeats an event."""
+    client = source.client()
+    start = sum(high for _, high in client.offsets(list(source.topics.values())).values())
+    for handle, records in records_of(start, events, seed).items():
+        client.produce(source.topics[handle], (json.dumps(r).encode() for r in records))
+    return start
+
+
+def describe(r) -> str:
+    s = r.status
+    lines = [
+        f"committed through step {s.committed_step - 1} (next step {s.committed_step}), checkpoint version {s.checkpoint_version}",
+        f"divided steps: {s.divided_step} (waiting to run: {s.divided_step - s.committed_step})",
+        f"workers: {s.meta.get('workers', '?')}, layout: {s.meta.get('layout', '?')}",
+        f"lease: {'held by ' + s.lease_holder if s.lease_holder else 'free'}",
+    ]
+    if r.lag is None:
+        lines.append(f"lag: unknown ({r.error})")
+    for (topic, partition), (lag, end) in (r.lag or {}).items():
+        lines.append(f"lag {topic}[{partition}]: {lag} records not yet in a step (end offset {end})")
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""Dagster resources: where steps run (Spark), where state lives (the store root), and
+where input comes from (Kafka).  Secrets are read from the environment with ``EnvVar``.
+"""
+
+from urllib.parse import urlparse
+
+from dagster import ConfigurableResource, EnvVar
+from pydantic import Field, ValidationError, field_validator
+from pyspark.sql import SparkSession
+
+from circuits.spark import session
+from sensors.broker import ensure_local_broker, ensure_topics, local_producer_config
+from sensors.ingest import KafkaSource
+
+from .config import ConfigError, PipelineSpec, ProjectSpec, home
+
+EMBEDDED = "embedded"
+
+
+class SparkResource(ConfigurableResource):
+    """The Spark that runs steps: ``local[N]`` (the default) inside the run's process, or a
+    cluster (``spark://host:7077``, ``k8s://https://...``, ``yarn``) whose executors have
+    this project installed."""
+
+    master: str = Field("local[2]", description="Spark master URL")
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings, e.g. spark.executor.memory")
+
+    def session(self) -> SparkSession:
+        return session(self.master, "dbsp", self.conf)
+
+
+class StoreResource(ConfigurableResource):
+    """Where each pipeline keeps its Delta tables: ``<root>/<pipeline>`` (default
+    ``$DBSP_HOME/pipelines``)."""
+
+    root: str = Field("", description="a local directory (or file:// URL) for the pipelines' Delta tables")
+
+    @field_validator("root")
+    @classmethod
+    def _local(cls, root: str) -> str:
+        scheme = urlparse(root).scheme
+        if scheme not in ("", "file"):
+            raise ValueError(
+                f"root={root!r}: this version writes state through a local (or mounted) file system only; "
+                "mount the bucket (for example with s3fs or a CSI volume) and give its mount path"
+            )
+        return root.removeprefix("file://")
+
+    def pipeline_root(self, name: str) -> str:
+        return f"{self.root or home('pipelines')}/{name}"
+
+
+class KafkaResource(ConfigurableResource):
+    """The Kafka cluster the offset sensors watch.  ``embedded`` (the default) starts the
+    bundled broker on ``embedded_port`` if nothing listens there (its records live in
+    memory only: for local runs, not production)."""
+
+    bootstrap_servers: str = Field(EMBEDDED, description="host:port,... of the Kafka cluster, or 'embedded'")
+    embedded_port: int = Field(19092, gt=0, lt=65536, description="port of the embedded broker")
+    security_protocol: str | None = Field(None, description="e.g. SASL_SSL")
+    sasl_mechanism: str | None = Field(None, description="e.g. PLAIN or SCRAM-SHA-512")
+    sasl_username: str | None = Field(None, description="use EnvVar('KAFKA_USERNAME')")
+    sasl_password: str | None = Field(None, description="use EnvVar('KAFKA_PASSWORD')")
+
+    def client_config(self) -> dict:
+        settings = {
+            "security.protocol": self.security_protocol,
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+        }
+        embedded = local_producer_config() if self.bootstrap_servers == EMBEDDED else {}
+        return {**embedded, **{k: v for k, v in settings.items() if v is not None}}
+
+    def source(self, spec: PipelineSpec) -> KafkaSource:
+        """The pipeline's topics on this cluster; the embedded broker is started, and the
+        topics created on it, when missing."""
+        if self.bootstrap_servers != EMBEDDED:
+            return KafkaSource(self.bootstrap_servers, spec.sources, self.client_config())
+        bootstrap = ensure_local_broker(self.embedded_port, home("broker"))
+        ensure_topics(bootstrap, {t: spec.topic_partitions for t in spec.sources.values()})
+        return KafkaSource(bootstrap, spec.sources, self.client_config())
+
+
+def build_resources(project: ProjectSpec) -> dict[str, ConfigurableResource]:
+    """The resources from the project's ``resources`` settings; ``{env: NAME}`` becomes ``EnvVar(NAME)``."""
+    resources = {}
+    for key, cls in (("spark", SparkResource), ("store", StoreResource), ("kafka", KafkaResource)):
+        settings = getattr(project.resources, key)
+        try:
+            resources[key] = cls(**{name: _value(v) for name, v in settings.items()})
+        except ValidationError as e:
+            problems = "; ".join(f"resources.{key}.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise ConfigError(problems) from None
+    return resources
+
+
+def _value(value):
+    return EnvVar(value["env"]) if isinstance(value, dict) and set(value) == {"env"} else value

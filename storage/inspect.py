@@ -1,0 +1,54 @@
+"""Read-only facts about a pipeline's tables, for reports and checks.
+
+Row counts come from the Delta log's file statistics (no Spark job); the checks run one
+Spark aggregation each over the output log.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from circuits.zset import WEIGHT
+
+from .delta import open_table
+from .logs import STEP
+
+
+def rows_of_steps(uri: str, first: int, last: int) -> int:
+    """Rows that steps ``first..=last`` wrote to the step-keyed table ``uri`` (0 if none)."""
+    table = open_table(uri)
+    if table is None:
+        return 0
+    files = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    return sum(f["num_records"] or 0 for f in files if first <= f[f"min.{STEP}"] and f[f"max.{STEP}"] <= last)
+
+
+def size(uri: str) -> tuple[int, int]:
+    """(rows, bytes) of the latest version of every Delta table under ``uri``."""
+    rows = nbytes = 0
+    for directory, subdirs, _ in os.walk(uri):
+        if "_delta_log" in subdirs:
+            files = pa.table(open_table(directory).get_add_actions(flatten=True))
+            rows += sum(files.column("num_records").to_pylist() or [0])
+            nbytes += sum(files.column("size_bytes").to_pylist() or [0])
+    return rows, nbytes
+
+
+def unconsolidated(changes: DataFrame) -> int:
+    """Rows of a step-keyed change log that break consolidation: a zero weight, or the
+    same row twice in one step."""
+    columns = [c for c in changes.columns if c != WEIGHT]
+    grouped = changes.groupBy(*columns).agg(F.count(F.lit(1)).alias("n"), F.min(F.abs(WEIGHT)).alias("w"))
+    return grouped.where((F.col("n") > 1) | (F.col("w") == 0)).count()
+
+
+def not_a_set(changes: DataFrame) -> int:
+    """Rows whose integrated weight over ``changes`` (all steps so far) is not 0 or 1:
+    duplicates or negative rows in a view that must be a set."""
+    columns = [c for c in changes.columns if c not in (WEIGHT, STEP)]
+    integral = changes.groupBy(*columns).agg(F.sum(WEIGHT).alias("w"))
+    return integral.where(~F.col("w").isin(0, 1)).count()

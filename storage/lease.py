@@ -1,0 +1,120 @@
+"""The lease on a pipeline (seed 003): at most one run advances a pipeline at a time.
+
+The lease is a small Delta table.  Every acquisition and release is one commit made on
+top of the version its writer read, tagged with the app transaction ``lease``; when two
+runs race, delta-rs refuses the second commit as a concurrent transaction, so exactly
+one wins.  The acquiring commit's version is the fencing token.  (The checkpoint commit
+is fenced on its own, by the checkpoint version the run opened: a writer whose lease
+expired still cannot commit over a newer checkpoint.)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from .delta import ensure_table, open_table
+from .errors import LeaseHeldError, StorageError
+
+_SCHEMA = pa.schema(
+    [("token", pa.int64()), ("holder", pa.string()), ("since", pa.float64()), ("expires", pa.float64()), ("released", pa.bool_())]
+)
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    token: int
+    holder: str
+    since: float
+    expires: float
+    released: bool
+
+    def free_for(self, holder: str, now: float, holder_gone: Callable[[str], bool]) -> bool:
+        return self.released or self.expires < now or self.holder == holder or holder_gone(self.holder)
+
+
+class Lease:
+    """A pipeline's lease.  ``ttl`` bounds how long a holder that vanished without
+    releasing (a killed process) blocks others; ``holder_gone`` lets the caller tell
+    sooner (for example: the Dagster run holding it has ended)."""
+
+    def __init__(self, root: str, ttl: float = 3600.0) -> None:
+        self.uri = os.path.join(root, "_lease")
+        self.ttl = ttl
+
+    def current(self) -> LeaseRecord | None:
+        table = open_table(self.uri)
+        return None if table is None else _latest(table)
+
+    def acquire(
+        self, holder: str, wait: float = 0.0, poll: float = 0.5, holder_gone: Callable[[str], bool] = lambda _: False
+    ) -> int:
+        """Takes the lease for ``holder`` (waiting up to ``wait`` seconds) and returns its token."""
+        deadline = time.monotonic() + wait
+        while True:
+            table = ensure_table(self.uri, _SCHEMA)
+            record, now = _latest(table), time.time()
+            if record is None or record.free_for(holder, now, holder_gone):
+                token = table.version() + 1
+                if _write(table, LeaseRecord(token, holder, now, now + self.ttl, False)):
+                    return token
+            elif time.monotonic() >= deadline:
+                raise LeaseHeldError(
+                    f"the pipeline at {os.path.dirname(self.uri)} is being advanced by {record.holder} "
+                    f"(since {time.ctime(record.since)}, lease expires {time.ctime(record.expires)}); wait for that run "
+                    "to finish, or, if it is gone, break the lease with `dbsp recover --break-lease`"
+                )
+            time.sleep(poll)
+
+    def release(self, token: int) -> None:
+        """Releases the lease if ``token`` still holds it (a no-op otherwise)."""
+        table = ensure_table(self.uri, _SCHEMA)
+        record = _latest(table)
+        if record is not None and record.token == token and not record.released:
+            _write(table, LeaseRecord(token, record.holder, record.since, record.expires, True))
+
+    def break_(self) -> LeaseRecord | None:
+        """Releases whoever holds the lease; returns the record that was broken (None if free)."""
+        record = self.current()
+        if record is None or record.released:
+            return None
+        self.release(record.token)
+        return record
+
+    @contextmanager
+    def held(self, holder: str, wait: float = 0.0, holder_gone: Callable[[str], bool] = lambda _: False) -> Iterator[int]:
+        token = self.acquire(holder, wait=wait, holder_gone=holder_gone)
+        try:
+            yield token
+        finally:
+            self.release(token)
+
+
+def _latest(table) -> LeaseRecord | None:
+    rows = table.to_pyarrow_table().to_pylist()
+    if not rows:
+        return None
+    return LeaseRecord(**max(rows, key=lambda r: (r["token"], r["released"])))
+
+
+def _write(table, record: LeaseRecord) -> bool:
+    """Commits ``record`` on top of the version ``table`` was read at; False if another writer won."""
+    try:
+        write_deltalake(
+            table,
+            pa.Table.from_pylist([record.__dict__], schema=_SCHEMA),
+            mode="append",
+            commit_properties=CommitProperties(app_transactions=[Transaction("lease", table.version() + 1)]),
+        )
+    except CommitFailedError:
+        return False
+    except OSError as e:
+        raise StorageError(f"writing the lease {record} to {table.table_uri} failed: {e}") from e
+    return True

@@ -1,0 +1,55 @@
+"""The code location loads, and bad configuration fails with the field and the fix named."""
+
+import pytest
+
+from dagster_project.config import ConfigError, parse_project
+from dagster_project.resources import build_resources
+
+from .harness import project_settings
+
+
+def test_default_code_location_serves_the_demo_pipeline(spark):
+    from dagster_project.definitions import defs
+
+    keys = {"/".join(k.path) for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert keys == {"nexmark/bids_by_category", "nexmark/q3", "nexmark/q4", "nexmark/q15"}
+    assert defs.resolve_sensor_def("nexmark_kafka_offsets")
+    for job in ("step_job", "compact", "vacuum", "recover", "status", "produce"):
+        assert defs.resolve_job_def(f"nexmark_{job}")
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"max_records_per_step": 0}, ["pipelines.0.max_records_per_step", "greater than 0", "at most this many"]),
+        ({"circuit": "no_such_module:circuit"}, ["pipelines.0.circuit", "cannot import", "package.module:function"]),
+        ({"sources": {"clicks": "t"}}, ["sources", "give a topic for", "bids"]),
+        ({"sinks": ["q9"]}, ["sinks", "q9", "not outputs of the circuit"]),
+        ({"bags": ["q9"]}, ["bags", "not sinks"]),
+        ({"name": "Bad-Name"}, ["pipelines.0.name", "identifier"]),
+        ({"workerz": 3}, ["pipelines.0.workerz", "xtra"]),
+    ],
+)
+def test_a_bad_pipeline_setting_is_named_with_its_fix(spark, change, named):
+    settings = project_settings("/tmp/x", "localhost:1", "good")
+    settings["pipelines"][0].update(change)
+    with pytest.raises(ConfigError) as error:
+        parse_project(settings, "dbsp.yaml")
+    for text in named:
+        assert text in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "resources, named",
+    [
+        ({"kafka": {"embedded_port": "x"}}, ["resources.kafka.embedded_port"]),
+        ({"store": {"root": "s3://bucket/pipelines"}}, ["resources.store.root", "mount"]),
+    ],
+)
+def test_a_bad_resource_setting_is_named(spark, resources, named):
+    settings = project_settings("/tmp/x", "localhost:1", "good")
+    settings["resources"] = resources
+    with pytest.raises(ConfigError) as error:
+        build_resources(parse_project(settings, "dbsp.yaml"))
+    for text in named:
+        assert text in str(error.value)

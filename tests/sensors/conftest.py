@@ -1,0 +1,24 @@
+import uuid
+
+import pytest
+
+from sensors.broker import ensure_topics, local_producer_config
+from sensors.kafka import KafkaClient
+
+
+@pytest.fixture
+def client(broker):
+    """A client of the session's broker that produces one record per batch, as tansu needs."""
+    return KafkaClient(broker.bootstrap, local_producer_config(), timeout=5)
+
+
+@pytest.fixture
+def new_topic(broker):
+    """Creates a topic with a unique name: ``new_topic(partitions) -> name``."""
+
+    def create(partitions: int = 1) -> str:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        ensure_topics(broker.bootstrap, {name: partitions}, timeout=5)
+        return name
+
+    return create

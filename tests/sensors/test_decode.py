@@ -1,0 +1,121 @@
+"""read_ranges against the real broker and the shared Spark session."""
+
+import json
+
+import pytest
+from pyspark.sql import types as T
+
+from circuits.library.nexmark import SCHEMAS
+from circuits.zset import parse_schema, with_weight_schema
+from sensors.broker import LocalBroker, ensure_topics, local_producer_config
+from sensors.decode import read_ranges
+from sensors.errors import OffsetsLostError, SourceError
+from sensors.kafka import KafkaClient
+from storage.logs import Range
+
+BIDS = SCHEMAS["bids"]
+NOT_UTF8 = "undecodable value: not UTF-8 JSON ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte)"
+
+
+def bid(i: int, **extra) -> bytes:
+    return json.dumps({"auction": i, "bidder": 7, "price": 10 * i, "channel": f"c{i}", "date_time": 1000 + i, **extra}).encode()
+
+
+def rows(df) -> set[tuple]:
+    return {tuple(r) for r in df.collect()}
+
+
+def test_exactly_the_ranges_are_read_typed_and_weighted(spark, broker, client, new_topic):
+    topic = new_topic(2)
+    client.produce(topic, [bid(i) for i in range(6)], partition=0)
+    client.produce(topic, [bid(100), bid(101, _weight=-1), bid(102, _weight=3), bid(103)], partition=1)
+    ranges = [Range(topic, 0, 1, 5), Range(topic, 1, 0, 3)]
+
+    decoded = read_ranges(spark, broker.bootstrap, None, ranges, {topic: BIDS}, chunk_size=3)
+    try:
+        assert decoded.raw.rdd.getNumPartitions() == 3  # [1, 4) and [4, 5) of partition 0, [0, 3) of partition 1
+        bids = decoded.inputs[topic]
+        assert bids.dtypes == [(f.name, f.dataType.simpleString()) for f in with_weight_schema(parse_schema(BIDS)).fields]
+        expected = {(i, 7, 10 * i, f"c{i}", 1000 + i, 1) for i in range(1, 5)}
+        expected |= {(100, 7, 1000, "c100", 1100, 1), (101, 7, 1010, "c101", 1101, -1), (102, 7, 1020, "c102", 1102, 3)}
+        assert rows(bids) == expected
+        assert bids.count() == 7 == decoded.records
+        assert decoded.dead_letters.count() == 0
+    finally:
+        decoded.unpersist()
+
+
+def test_malformed_records_become_dead_letters_and_no_valid_record_is_lost(spark, broker, client, new_topic):
+    topic, other = new_topic(1), new_topic(1)
+    values = [
+        bid(0),
+        b"not json",
+        bid(2),
+        json.dumps({"auction": 3, "bidder": 7, "price": "30", "channel": "c", "date_time": 1}).encode(),
+        json.dumps({"auction": 4, "bidder": 7, "channel": "c", "date_time": 1}).encode(),
+        b"\xff\xfe\x00",
+        bid(6, _weight=-1),
+    ]
+    client.produce(topic, values, partition=0)
+    client.produce(other, [json.dumps({"word": "a", "n": 1}).encode(), json.dumps({"word": 1, "n": 1}).encode()])
+    schemas = {topic: BIDS, other: T.StructType([T.StructField("word", T.StringType()), T.StructField("n", T.IntegerType())])}
+
+    decoded = read_ranges(spark, broker.bootstrap, None, [Range(topic, 0, 0, 7), Range(other, 0, 0, 2)], schemas)
+    try:
+        assert decoded.records == 9
+        assert rows(decoded.inputs[topic].select("auction", "_weight")) == {(0, 1), (2, 1), (6, -1)}
+        assert rows(decoded.inputs[other]) == {("a", 1, 1)}
+        assert decoded.dead_letters.columns == ["topic", "partition", "offset", "reason", "value"]
+        assert rows(decoded.dead_letters.drop("value")) == {
+            (topic, 0, 1, "undecodable value: not UTF-8 JSON (Expecting value: line 1 column 1 (char 0))"),
+            (topic, 0, 3, "wrong schema: field 'price' expected bigint, got str"),
+            (topic, 0, 4, "wrong schema: missing field 'price'"),
+            (topic, 0, 5, NOT_UTF8),
+            (other, 0, 1, "wrong schema: field 'word' expected string, got int"),
+        }
+        values_by_offset = {r.offset: r.value for r in decoded.dead_letters.where(f"topic = '{topic}'").collect()}
+        assert values_by_offset[1] == "not json"
+        assert values_by_offset[5] == "\\xff\\xfe\x00"
+    finally:
+        decoded.unpersist()
+
+
+def test_records_are_consumed_once(spark):
+    with LocalBroker() as local:
+        ensure_topics(local.bootstrap, {"once": 1}, timeout=5)
+        KafkaClient(local.bootstrap, local_producer_config()).produce("once", [bid(1), b"bad"])
+        decoded = read_ranges(spark, local.bootstrap, None, [Range("once", 0, 0, 2)], {"once": BIDS}, timeout=2)
+    # The broker and its records are gone: the derived DataFrames read the cached records.
+    assert decoded.inputs["once"].count() == 1
+    assert decoded.dead_letters.count() == 1
+    decoded.unpersist()
+
+
+def test_offsets_the_broker_no_longer_has_are_an_error(spark, broker, client, new_topic):
+    topic = new_topic(1)
+    client.produce(topic, [bid(i) for i in range(3)], partition=0)
+    with pytest.raises(OffsetsLostError, match=rf"topic '{topic}' partition 0: offsets 3 to 4 were not delivered within 1 s"):
+        read_ranges(spark, broker.bootstrap, None, [Range(topic, 0, 1, 5)], {topic: BIDS}, timeout=1)
+
+
+def test_a_topic_without_a_schema_or_a_bad_config_is_refused_before_reading(spark, broker):
+    with pytest.raises(SourceError, match="no schema for topic.*'bids'"):
+        read_ranges(spark, broker.bootstrap, None, [Range("bids", 0, 0, 1)], {"persons": SCHEMAS["persons"]})
+    with pytest.raises(SourceError, match="config is invalid: No such configuration property"):
+        read_ranges(spark, broker.bootstrap, {"no.such.setting": "1"}, [Range("bids", 0, 0, 1)], {"bids": BIDS})
+
+
+def test_every_supported_type_is_parsed_as_declared(spark, broker, client, new_topic):
+    topic = new_topic(1)
+    schema = "t tinyint, s smallint, i int, l bigint, d double, f float, b boolean, name string"
+    client.produce(topic, [
+        b'{"t": -128, "s": 300, "i": 70000, "l": 9223372036854775807, "d": 2, "f": 0.5, "b": true, "name": "x"}',
+        b'{"t": null, "s": null, "i": null, "l": null, "d": null, "f": null, "b": null, "name": null, "_weight": -2}',
+    ])
+    decoded = read_ranges(spark, broker.bootstrap, None, [Range(topic, 0, 0, 2)], {topic: schema})
+    try:
+        z = decoded.inputs[topic]
+        assert z.dtypes == [(f.name, f.dataType.simpleString()) for f in with_weight_schema(parse_schema(schema)).fields]
+        assert rows(z) == {(-128, 300, 70000, 9223372036854775807, 2.0, 0.5, True, "x", 1), (None,) * 8 + (-2,)}
+    finally:
+        decoded.unpersist()

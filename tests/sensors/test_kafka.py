@@ -1,0 +1,73 @@
+"""KafkaClient and the local broker, against a real (tansu) broker."""
+
+import time
+
+import pytest
+
+from sensors.broker import (
+    LocalBroker,
+    ensure_local_broker,
+    ensure_topics,
+    stop_local_broker,
+)
+from sensors.errors import BrokerUnavailableError, SourceError, TopicNotFoundError
+from sensors.kafka import KafkaClient
+
+
+def test_offsets_count_the_records_of_each_partition(client, new_topic):
+    topic = new_topic(3)
+    for partition, n in enumerate([5, 0, 12]):
+        assert client.produce(topic, (b"%d" % i for i in range(n)), partition=partition) == n
+    assert client.offsets([topic]) == {(topic, 0): (0, 5), (topic, 1): (0, 0), (topic, 2): (0, 12)}
+
+
+def test_produce_without_a_partition_spreads_records(client, new_topic):
+    topic = new_topic(2)
+    client.produce(topic, [b"%d" % i for i in range(20)])
+    assert sum(high for _low, high in client.offsets([topic]).values()) == 20
+
+
+def test_a_missing_topic_is_named_and_not_created(client, new_topic):
+    topic = new_topic(1)
+    with pytest.raises(TopicNotFoundError, match=r"'no-such-topic' do not exist.*create them"):
+        client.offsets([topic, "no-such-topic"])
+    with pytest.raises(TopicNotFoundError, match="'no-such-topic'"):
+        client.produce("no-such-topic", [b"x"])
+    assert "no-such-topic" not in client.topics()
+
+
+def test_ensure_topics_creates_missing_topics_and_keeps_existing_ones(broker, client, new_topic):
+    existing = new_topic(2)
+    created = f"{existing}-new"
+    ensure_topics(broker.bootstrap, {existing: 5, created: 3}, timeout=5)
+    assert client.partitions([existing, created]) == {existing: 2, created: 3}
+
+
+def test_a_stopped_broker_is_reported_within_the_timeout():
+    with LocalBroker() as down:
+        ensure_topics(down.bootstrap, {"t": 1}, timeout=5)
+    client = KafkaClient(down.bootstrap, timeout=1)
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError, match=rf"'{down.bootstrap}' answered within 1 s.*bootstrap servers setting"):
+        client.offsets(["t"])
+    assert time.monotonic() - started < 3
+
+
+def test_a_local_broker_refuses_a_port_in_use(broker):
+    with pytest.raises(SourceError, match=f"port {broker.port} is in use"):
+        LocalBroker(port=broker.port)
+
+
+def test_ensure_local_broker_starts_one_detached_broker_and_reuses_it(tmp_path):
+    with LocalBroker() as probe:  # a port that is free once the probe stops
+        port = probe.port
+    try:
+        bootstrap = ensure_local_broker(port, str(tmp_path))
+        pid = (tmp_path / f"tansu-{port}.pid").read_text()
+        ensure_topics(bootstrap, {"kept": 1}, timeout=5)
+        assert ensure_local_broker(port, str(tmp_path)) == bootstrap
+        assert (tmp_path / f"tansu-{port}.pid").read_text() == pid
+        assert "kept" in KafkaClient(bootstrap, timeout=2).topics()  # the same broker, not a new one
+    finally:
+        assert stop_local_broker(port, str(tmp_path))
+    assert not stop_local_broker(port, str(tmp_path))
