@@ -271,7 +271,7 @@ def describe(r) -> str:
     lines = [
         f"committed through step {s.committed_step - 1} (next step {s.committed_step}), checkpoint version {s.checkpoint_version}",
         f"divided steps: {s.divided_step} (waiting to run: {s.divided_step - s.committed_step})",
-        f"workers: {s.meta.get('workers', '?')}, layout: {s.meta.get('layout', '?')}",
+        f"layout: {s.meta.get('layout', 'none yet (no step has run)')}",
         f"lease: {'held by ' + s.lease_holder if s.lease_holder else 'free'}",
     ]
     if r.lag is None:

@@ -53,3 +53,13 @@ def test_a_bad_resource_setting_is_named(spark, resources, named):
         build_resources(parse_project(settings, "dbsp.yaml"))
     for text in named:
         assert text in str(error.value)
+
+
+def test_the_example_configuration_is_valid(spark):
+    from dagster_project.config import load_project
+
+    project = load_project("dbsp.example.yaml")
+    assert [p.name for p in project.pipelines] == ["nexmark", "revenue"]
+    build_resources(project)
+    for spec in project.pipelines:
+        assert spec.circuit_def  # sources and sinks match the circuits
