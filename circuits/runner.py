@@ -43,7 +43,8 @@ class StepResult:
 
 
 class StepRunner:
-    """Runs ``circuit`` step after step on ``store`` with ``layout`` (or ``workers`` balanced)."""
+    """Runs ``circuit`` step after step on ``store`` with ``layout``, else the layout stored
+    with the state, else ``workers`` balanced."""
 
     def __init__(
         self,
@@ -57,7 +58,12 @@ class StepRunner:
         self.circuit = circuit
         self.spark = spark
         self.store = store
-        self.layout = layout or Layout.balanced(circuit.vnodes, workers)
+        # The layout is part of the state: recovery and later steps use the stored one, so
+        # ``workers`` only shapes a new pipeline (change it with a layout change).
+        stored_layout = store.get_meta(LAYOUT_KEY)
+        self.layout = layout or (
+            Layout.from_json(stored_layout) if stored_layout else Layout.balanced(circuit.vnodes, workers)
+        )
         fingerprint = circuit.fingerprint()
         stored = store.get_meta(FINGERPRINT_KEY)
         if stored is not None and stored != fingerprint:
@@ -69,7 +75,7 @@ class StepRunner:
         self.output_schemas = circuit.check(spark)
         if stored is None:
             store.set_meta(FINGERPRINT_KEY, fingerprint)
-        store.set_meta(LAYOUT_KEY, self.layout.describe())
+        store.set_meta(LAYOUT_KEY, self.layout.to_json())
 
     def step(self, inputs: Mapping[str, DataFrame]) -> StepResult:
         """Runs one step on the input deltas (absent inputs are empty) and applies its state."""

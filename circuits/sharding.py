@@ -8,6 +8,7 @@ the Spark partition (the worker) that owns its vnode.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
@@ -50,10 +51,16 @@ def spark_hash_int(value: int, seed: int = 42) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """The assignment of ``S`` vnodes to ``W`` workers: ``owners[v]`` is vnode ``v``'s worker."""
+    """The assignment of ``S`` vnodes to ``W`` workers: ``owners[v]`` is vnode ``v``'s worker.
+
+    ``shards`` is set by the dynamic strategy (:mod:`circuits.layouts`): vnode ``v`` then
+    belongs to shard ``v % shards``, and every vnode of a shard has the shard's owner.
+    """
 
     owners: tuple[int, ...]
     workers: int
+    shards: int = 0
+    k: float = 0.0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -74,6 +81,14 @@ class Layout:
     def vnodes(self) -> int:
         return len(self.owners)
 
+    def to_json(self) -> str:
+        return json.dumps({"workers": self.workers, "owners": list(self.owners), "shards": self.shards, "k": self.k})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Layout":
+        data = json.loads(text)
+        return cls(tuple(data["owners"]), data["workers"], data.get("shards", 0), data.get("k", 0.0))
+
     def describe(self) -> str:
         """``"256 vnodes over 2 workers: 0-127:w0 128-255:w1"`` (runs of vnodes per worker)."""
         runs, start = [], 0
@@ -81,7 +96,8 @@ class Layout:
             if v == self.vnodes or self.owners[v] != self.owners[start]:
                 runs.append(f"{start}-{v - 1}:w{self.owners[start]}")
                 start = v
-        return f"{self.vnodes} vnodes over {self.workers} workers: {' '.join(runs)}"
+        strategy = f"dynamic, {self.shards} shards, k={self.k:g}" if self.shards else "fixed"
+        return f"{self.vnodes} vnodes over {self.workers} workers ({strategy}): {' '.join(runs)}"
 
     @cached_property
     def _salts(self) -> tuple[int, ...]:

@@ -89,6 +89,23 @@ def recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def rescale(args: argparse.Namespace) -> int:
+    """Changes the layout: cold (checkpoint, move, checkpoint) or hot (copy first, then switch)."""
+    project, spec = _pipeline(args)
+    resources = build_resources(project)
+    pipeline = open_pipeline(spec, resources["spark"], resources["store"])
+    prepared = pipeline.prepare_rescale(args.workers, args.strategy, args.k) if args.hot else None
+    with pipeline.lease.held(f"dbsp rescale (pid {os.getpid()})", wait=spec.lease_wait_seconds):
+        report = pipeline.finish_rescale(prepared) if prepared else pipeline.rescale(args.workers, args.strategy, args.k)
+    print(f"before: {report.before.describe()}\nafter:  {report.after.describe()}")
+    print(
+        f"vnodes moved: {report.vnodes_moved} of {report.before.vnodes} ({report.fraction_moved:.1%}); "
+        f"state rewritten: {report.rows_rewritten} rows, {report.bytes_rewritten} bytes; "
+        f"copy {report.copy_seconds:.1f} s while steps ran, pause {report.pause_seconds:.1f} s"
+    )
+    return 0
+
+
 def dev(args: argparse.Namespace) -> int:
     """``dagster dev`` on this project's workspace with the project's Dagster home."""
     target = ["-w", "workspace.yaml"] if os.path.exists("workspace.yaml") else ["-m", "dagster_project.definitions"]
@@ -113,7 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     ):
         c = commands.add_parser(name, help=text)
         c.set_defaults(run=fn)
-    for name in ("demo", "status", "recover"):
+    r = commands.add_parser("rescale", help="change the number of workers (the vnode layout)")
+    r.add_argument("--workers", type=int, required=True)
+    r.add_argument("--strategy", choices=["fixed", "dynamic"], help="default: the current layout's")
+    r.add_argument("--k", type=float, help="the dynamic strategy's maximum inaccuracy (default 0.1)")
+    r.add_argument("--hot", action="store_true", help="copy the moved state first, pausing only to switch")
+    r.set_defaults(run=rescale)
+
+    for name in ("demo", "status", "recover", "rescale"):
         commands.choices[name].add_argument("--pipeline", help="pipeline name (default: the first configured)")
     commands.choices["recover"].add_argument("--break-lease", action="store_true", help="take the lease from a run that died")
 

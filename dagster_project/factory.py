@@ -21,6 +21,7 @@ from dagster import (
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    asset,
     define_asset_job,
     job,
     multi_asset,
@@ -28,6 +29,7 @@ from dagster import (
     sensor,
 )
 
+from circuits.sharding import Layout
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
 from sensors.ingest import KafkaSource, run_steps
@@ -60,8 +62,10 @@ def build_pipeline(spec: PipelineSpec) -> Definitions:
     step_job = define_asset_job(
         f"{spec.name}_step_job", selection=[steps], partitions_def=partitions, tags={PIPELINE_TAG: spec.name}
     )
-    jobs = [step_job, *_maintenance_jobs(spec)]
-    return Definitions(assets=[steps], jobs=jobs, sensors=[_offset_sensor(spec, partitions, step_job)])
+    layout = _layout_asset(spec)
+    rescale_job = define_asset_job(f"{spec.name}_rescale", selection=[layout], tags={PIPELINE_TAG: spec.name})
+    jobs = [step_job, rescale_job, *_maintenance_jobs(spec)]
+    return Definitions(assets=[steps, layout], jobs=jobs, sensors=[_offset_sensor(spec, partitions, step_job)])
 
 
 def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource) -> Pipeline:
@@ -111,6 +115,12 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
             context.log.info(f"{spec.name}: running steps {first}..{last}")
             ran = run_steps(pipeline, kafka.source(spec), first, last)
         context.log.info(f"{spec.name}: ran steps {list(ran)}" if ran else f"{spec.name}: steps {first}..{last} were committed already")
+        layout = pipeline.layout()
+        if layout.workers != spec.workers:
+            context.log.warning(
+                f"{spec.name}: configured for {spec.workers} workers, but its state's layout has {layout.workers}; "
+                f"materialize {spec.name}/layout with workers: {spec.workers} to change it"
+            )
         shared = _step_metadata(pipeline, first, last, ran)
         for name, key in keys.items():
             rows_out = inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)
@@ -188,6 +198,45 @@ def evaluate_sensor(spec, policy, partitions, instance, root: str, kafka: KafkaR
         dynamic_partitions_requests=[partitions.build_add_request(new)] if new else [],
         cursor=str(position.divided_step),
     )
+
+
+class RescaleConfig(Config):
+    workers: int
+    strategy: str = "fixed"
+    k: float = 0.1
+    hot: bool = True
+
+
+def _layout_asset(spec: PipelineSpec):
+    @asset(
+        key=AssetKey([spec.name, "layout"]),
+        group_name=spec.name,
+        description=f"Which worker owns which vnode of {spec.name!r}; materialize it to change the layout (rescale).",
+    )
+    def layout(context: AssetExecutionContext, config: RescaleConfig, spark: SparkResource, store: StoreResource):
+        pipeline = open_pipeline(spec, spark, store)
+        # Hot: copy the moved state while steps go on; hold the lease only to switch.
+        prepared = pipeline.prepare_rescale(config.workers, config.strategy, config.k) if config.hot else None
+        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+            if prepared is None:
+                report = pipeline.rescale(config.workers, config.strategy, config.k)
+            else:
+                report = pipeline.finish_rescale(prepared)
+        context.log.info(f"{report.before.describe()} -> {report.after.describe()}")
+        return MaterializeResult(
+            metadata={
+                "layout": report.after.describe(),
+                "workers": MetadataValue.int(report.after.workers),
+                "vnodes_moved": MetadataValue.int(report.vnodes_moved),
+                "fraction_moved": MetadataValue.float(round(report.fraction_moved, 4)),
+                "state_rows_rewritten": MetadataValue.int(report.rows_rewritten),
+                "state_bytes_rewritten": MetadataValue.int(report.bytes_rewritten),
+                "copy_seconds": MetadataValue.float(round(report.copy_seconds, 3)),
+                "pause_seconds": MetadataValue.float(round(report.pause_seconds, 3)),
+            }
+        )
+
+    return layout
 
 
 class RecoverConfig(Config):
@@ -271,7 +320,7 @@ def describe(r) -> str:
     lines = [
         f"committed through step {s.committed_step - 1} (next step {s.committed_step}), checkpoint version {s.checkpoint_version}",
         f"divided steps: {s.divided_step} (waiting to run: {s.divided_step - s.committed_step})",
-        f"layout: {s.meta.get('layout', 'none yet (no step has run)')}",
+        f"layout: {Layout.from_json(s.meta['layout']).describe() if 'layout' in s.meta else 'none yet (no step has run)'}",
         f"lease: {'held by ' + s.lease_holder if s.lease_holder else 'free'}",
     ]
     if r.lag is None:

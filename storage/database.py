@@ -12,8 +12,11 @@ checkpoint row is the commit point.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
+from collections.abc import Collection
+from dataclasses import dataclass
 
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
@@ -21,8 +24,8 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from circuits.runner import OUTPUT, STATE
-from circuits.sharding import VNODE
+from circuits.runner import LAYOUT_KEY, OUTPUT, STATE
+from circuits.sharding import PART, VNODE, Layout, exchange
 from circuits.state import StateStore
 from circuits.zset import consolidate
 
@@ -31,11 +34,12 @@ from .delta import (
     commit,
     ensure_table,
     open_table,
+    paths,
     read_files,
     table_schema,
     write_tables,
 )
-from .errors import CorruptTableError, StaleWriterError, StorageError
+from .errors import CorruptTableError, StaleWriterError, StateFormatError, StorageError
 from .faults import failpoint
 from .logs import STEP, output_uri
 
@@ -83,8 +87,12 @@ class DeltaStateStore(StateStore):
         """The versions that can be opened: the last checkpoint and the one before it."""
         return _openable(self._checkpoints())
 
-    def open(self, version: int) -> None:
-        """Opens at checkpoint ``version``; reads and writes go to ``version + 1``."""
+    def open(self, version: int, restore: bool = True) -> None:
+        """Opens at checkpoint ``version``; reads and writes go to ``version + 1``.
+
+        ``restore=False`` opens for reading only: tables are read at the versions the
+        checkpoint pinned, nothing is restored (so a run advancing the pipeline meanwhile
+        is undisturbed), and ``commit`` is refused."""
         checkpoints = self._checkpoints()
         if version not in _openable(checkpoints):
             raise StorageError(f"state at {self.root} cannot open version {version}; it has {_openable(checkpoints)}")
@@ -92,7 +100,14 @@ class DeltaStateStore(StateStore):
         record = rows.get(version)
         if version > 0 and record is None:
             raise CorruptTableError(f"{self.checkpoints_uri}: checkpoint {version} is missing")
+        if record is not None:
+            _check_format(self.root, record)
         pinned = json.loads(record["tables"]) if record else {}
+        self._step = record["step"] if record else 0
+        self._meta = json.loads(record["meta"]) if record else {}
+        if not restore:
+            self._version, self._tables = None, pinned
+            return
         # Restoring is itself a commit: from here on, a table's base is the restored version.
         restored = {name: self._restore(name, pinned.get(name, 0)) for name in self._table_names()}
         if version + 1 in rows:  # discard the later version, as the seed's open() does
@@ -102,8 +117,6 @@ class DeltaStateStore(StateStore):
         # another writer checkpointed meanwhile (the fencing token is the version).
         self._opened_log = ensure_table(self.checkpoints_uri, _CHECKPOINT_SCHEMA)
         self._tables = restored
-        self._step = record["step"] if record else 0
-        self._meta = json.loads(record["meta"]) if record else {}
 
     def commit(self) -> int:
         """Writes checkpoint ``v + 1`` (the commit point) and returns it."""
@@ -198,8 +211,45 @@ class DeltaStateStore(StateStore):
         before = {name: len(open_table(self._uri(name), self._tables[name]).file_uris()) for name in parts}
         written = write_tables(parts) if parts else {}
         for name, files in written.items():
-            self._tables[name] = commit(files, "compact", self._version + 1, base=self._tables[name], replace=True)
+            base = open_table(self._uri(name), self._tables[name])
+            self._tables[name] = commit(files, "compact", self._version + 1, base=self._tables[name], remove=paths(base))
         return {name: (before[name], len(files.actions)) for name, files in written.items()}
+
+    def relayout(self, layout: Layout, vnodes: Collection[int], since: dict[str, int] | None = None) -> Relayout:
+        """Writes, without committing, every trace file that holds one of ``vnodes`` again,
+        partitioned by ``layout`` (each new file holds one worker's vnodes).  With ``since``,
+        only files added after those table versions (a hot change's catch-up).  One Spark job."""
+        wanted = sorted(vnodes)
+        parts, removed, rows, nbytes = {}, {}, 0, 0
+        for name, version in self._tables.items():
+            table = open_table(self._uri(name), version)
+            before = set(paths(open_table(self._uri(name), since[name]))) if since and name in since else set()
+            hit = [a for a in _vnode_ranges(table) if a["path"] not in before and _overlaps(a, wanted)]
+            if not hit:
+                continue
+            removed[name] = [a["path"] for a in hit]
+            rows += sum(a["num_records"] for a in hit)
+            nbytes += sum(a["size_bytes"] for a in hit)
+            files = [f"{table.table_uri.rstrip('/')}/{a['path']}" for a in hit]
+            data = read_files(self.spark, self._uri(name), table_schema(table), files, version)
+            parts[name] = (self._uri(name), exchange(data, layout).drop(PART))
+        return Relayout(layout, dict(self._tables), write_tables(parts) if parts else {}, removed, rows, nbytes)
+
+    def apply_relayout(self, *changes: Relayout) -> None:
+        """Commits relayouts (a hot change's copy and catch-up together): per table, the new
+        files replace the old ones in one Delta commit; then the layout is the new one."""
+        for name in sorted({n for change in changes for n in change.removed}):
+            mine = [change for change in changes if name in change.removed]
+            actions = [a for change in mine for a in change.written[name].actions]
+            files = WrittenFiles(self._uri(name), mine[0].written[name].schema, actions)
+            removed = [p for change in mine for p in change.removed[name]]
+            self._tables[name] = commit(files, "relayout", self._version + 1, base=self._tables[name], remove=removed)
+            failpoint("during_relayout", self._step)
+        self.set_meta(LAYOUT_KEY, changes[-1].layout.to_json())
+
+    def layout(self) -> Layout | None:
+        stored = self.get_meta(LAYOUT_KEY)
+        return None if stored is None else Layout.from_json(stored)
 
     def retained_table_versions(self) -> dict[str, set[int]]:
         """The versions of each state table that the openable checkpoints pin."""
@@ -236,6 +286,42 @@ class DeltaStateStore(StateStore):
             if max(rows, default=0) <= version:
                 _restore_table(table, delta_version)
                 return
+
+
+@dataclass
+class Relayout:
+    """State files rewritten for a new layout, not yet committed."""
+
+    layout: Layout
+    versions: dict[str, int]  # the table versions the files were read at
+    written: dict[str, WrittenFiles]
+    removed: dict[str, list[str]]  # per table, the files the new ones replace
+    rows: int
+    bytes: int
+
+
+def _vnode_ranges(table) -> list[dict]:
+    return pa.table(table.get_add_actions(flatten=True)).select(
+        ["path", "num_records", "size_bytes", f"min.{VNODE}", f"max.{VNODE}"]
+    ).to_pylist()
+
+
+def _overlaps(action: dict, vnodes: list[int]) -> bool:
+    """Whether a file's vnode range holds one of the sorted ``vnodes``."""
+    i = bisect.bisect_left(vnodes, action[f"min.{VNODE}"])
+    return i < len(vnodes) and vnodes[i] <= action[f"max.{VNODE}"]
+
+
+def _check_format(root: str, record: dict) -> None:
+    """Refuses state this engine cannot read (rolling upgrade: a newer engine takes over
+    between steps; state in another format needs the engine that wrote it)."""
+    if record["state_format"] != STATE_FORMAT:
+        raise StateFormatError(
+            f"the state at {root} (checkpoint {record['version']}) is in state format {record['state_format']}, written "
+            f"by engine {record['engine_version']}; this engine ({ENGINE_VERSION}) reads state format {STATE_FORMAT} "
+            "only. Run it with an engine that reads that format, or start this engine on a new store root "
+            "(there is no migration between these formats)"
+        )
 
 
 def _checkpoint_rows(uri: str) -> list[dict]:

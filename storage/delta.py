@@ -13,7 +13,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -131,22 +131,28 @@ def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFi
     return written
 
 
-def commit(files: WrittenFiles, app_id: str, version: int, base: int | None = None, replace: bool = False) -> int:
+def commit(
+    files: WrittenFiles, app_id: str, version: int, base: int | None = None, remove: Collection[str] | None = None
+) -> int:
     """Commits ``files`` as one Delta version, tagged with app transaction ``(app_id, version)``.
 
     With ``base``, the commit is made on top of that table version: if another writer
     committed the same ``app_id`` since, delta-rs refuses it as a concurrent transaction
-    (this is how a stale writer is fenced off).  ``replace`` removes every file the base
-    version had, in the same commit.  delta-rs does not skip a repeated
+    (this is how a stale writer is fenced off).  ``remove`` names files of the base
+    version (paths relative to the table) to remove in the same commit.  delta-rs does not skip a repeated
     app-transaction version, so callers check :func:`transaction_version` first.
     Returns the table's new version.
     """
     ensure_table(files.uri, files.schema)
     table = DeltaTable(files.uri, version=base)
     actions: list[AddAction | RemoveAction] = list(files.actions)
-    if replace:
+    if remove:
         now = int(time.time() * 1000)
-        actions += [RemoveAction(p, True, now, s) for p, s in zip(*_paths_and_sizes(table))]
+        sizes = dict(zip(*_paths_and_sizes(table), strict=True))
+        gone = sorted(set(remove) - set(sizes))
+        if gone:
+            raise StaleWriterError(f"{files.uri}: files to replace are no longer in version {base}: {gone[:3]}")
+        actions += [RemoveAction(p, True, now, sizes[p]) for p in remove]
     try:
         table.create_write_transaction(
             actions,
@@ -160,6 +166,11 @@ def commit(files: WrittenFiles, app_id: str, version: int, base: int | None = No
         raise StorageError(f"committing to {files.uri} failed: {e}") from e
     table.update_incremental()
     return table.version()
+
+
+def paths(table: DeltaTable) -> list[str]:
+    """The data files of ``table``'s version, relative to the table."""
+    return _paths_and_sizes(table)[0]
 
 
 def _paths_and_sizes(table: DeltaTable) -> tuple[list[str], list[int]]:

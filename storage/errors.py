@@ -37,3 +37,7 @@ class CancelledError(StorageError):
 
 class LeaseHeldError(StorageError):
     """Another run holds the pipeline's lease: only one run may advance a pipeline at a time."""
+
+
+class StateFormatError(StorageError):
+    """The state was written in a state format this engine does not read."""

@@ -11,6 +11,7 @@ next ``run``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import Counter
@@ -21,10 +22,12 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from circuits import layouts
 from circuits.circuit import Circuit
+from circuits.sharding import Layout
 
-from .database import DeltaStateStore, latest_checkpoint
-from .errors import StepOrderError
+from .database import DeltaStateStore, Relayout, latest_checkpoint
+from .errors import StaleWriterError, StepOrderError
 from .faults import failpoint
 from .lease import Lease
 from .logs import DivisionLog, InputLog, OutputLog, Range
@@ -41,6 +44,31 @@ class Status:
     divided_step: int
     meta: dict
     lease_holder: str | None
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """A prepared layout change (see :meth:`Pipeline.prepare_rescale`)."""
+
+    before: Layout
+    after: Layout
+    copy: Relayout
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RescaleReport:
+    before: Layout
+    after: Layout
+    vnodes_moved: int
+    rows_rewritten: int
+    bytes_rewritten: int
+    copy_seconds: float  # while steps may go on (hot change only)
+    pause_seconds: float  # while no step may run
+
+    @property
+    def fraction_moved(self) -> float:
+        return self.vnodes_moved / self.before.vnodes
 
 
 def status(root: str) -> Status:
@@ -124,6 +152,50 @@ class Pipeline:
         worker = Worker(self)
         worker.start(self.state.opened_version, stop_at=target)
         return worker.stop(target)
+
+    def layout(self) -> Layout:
+        """The opened checkpoint's layout (a new pipeline's: ``workers`` balanced)."""
+        return self.state.layout() or Layout.balanced(self.circuit.vnodes, self.workers)
+
+    def prepare_rescale(self, workers: int, strategy: str | None = None, k: float | None = None) -> Rescale:
+        """The first half of a hot layout change: rewrites, for the new layout, the state
+        files holding vnodes that change owner, as of the latest checkpoint.  Commits
+        nothing, so steps may go on meanwhile (it needs no lease)."""
+        started = time.perf_counter()
+        self.state.open(self.state.versions()[-1], restore=False)
+        before = self.layout()
+        after = layouts.rescale(before, workers, strategy, k)
+        copy = self.state.relayout(after, layouts.moved(before, after))
+        return Rescale(before, after, copy, time.perf_counter() - started)
+
+    def finish_rescale(self, plan: Rescale) -> RescaleReport:
+        """The second half, at a step boundary: opens the latest checkpoint, rewrites what the
+        steps since the copy added for moved vnodes, then switches the layout in one
+        checkpoint.  The pause is this call.  A crash before the checkpoint leaves the old
+        layout; after it, the new one: never a mix, since the checkpoint pins every table."""
+        started = time.perf_counter()
+        self.open()
+        if self.layout() != plan.before:
+            raise StaleWriterError("the layout changed since this rescale was prepared; prepare it again")
+        catch_up = self.state.relayout(plan.after, layouts.moved(plan.before, plan.after), since=plan.copy.versions)
+        self.state.apply_relayout(plan.copy, catch_up)
+        self.state.commit()
+        return RescaleReport(
+            before=plan.before,
+            after=plan.after,
+            vnodes_moved=len(layouts.moved(plan.before, plan.after)),
+            rows_rewritten=plan.copy.rows + catch_up.rows,
+            bytes_rewritten=plan.copy.bytes + catch_up.bytes,
+            copy_seconds=plan.seconds,
+            pause_seconds=time.perf_counter() - started,
+        )
+
+    def rescale(self, workers: int, strategy: str | None = None, k: float | None = None) -> RescaleReport:
+        """A cold layout change (seed 000): from the latest checkpoint, move the state of the
+        vnodes that change owner, then checkpoint again with no input.  The pause is all of it."""
+        started = time.perf_counter()
+        report = self.finish_rescale(self.prepare_rescale(workers, strategy, k))
+        return dataclasses.replace(report, pause_seconds=time.perf_counter() - started, copy_seconds=0.0)
 
     def compact(self) -> dict[str, tuple[int, int]]:
         """Checkpoint, consolidate every trace, checkpoint again (at the same step)."""

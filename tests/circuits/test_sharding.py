@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from circuits import CircuitDefinitionError, Layout
+from circuits.layouts import initial, rescale
 from circuits.sharding import spark_hash_int
 
 
@@ -33,10 +34,18 @@ def test_salts_route_each_worker_to_its_own_partition(workers):
     assert partitions == list(range(workers))
 
 
-def test_exchange_puts_every_row_on_the_worker_that_owns_its_vnode(spark):
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout.balanced(256, 4),
+        rescale(Layout.balanced(256, 4), 5),  # scattered ranges after a change
+        rescale(initial(256, 3, "dynamic"), 7),
+    ],
+    ids=["balanced", "fixed 4->5", "dynamic 3->7"],
+)
+def test_exchange_puts_every_row_on_the_worker_that_owns_its_vnode(spark, layout):
     from circuits.sharding import PART, VNODE, exchange, with_vnode
 
-    layout = Layout.balanced(256, 4)
     df = exchange(with_vnode(spark.range(2000).withColumnRenamed("id", "k"), ["k"], 256), layout)
     seen = df.select(F.spark_partition_id().alias("p"), F.col(VNODE).alias("v")).distinct().collect()
     assert {(r.v, r.p) for r in seen} == {(r.v, layout.owners[r.v]) for r in seen}

@@ -6,6 +6,7 @@ import os
 import pytest
 from dagster import SkipReason, instance_for_test
 
+from circuits.sharding import Layout
 from sensors.broker import LocalBroker
 from storage.delta import open_table
 from storage.pipeline import status
@@ -99,3 +100,21 @@ def test_a_broker_that_is_down_skips_and_records_nothing(tmp_path, instance):
     reason = result if isinstance(result, SkipReason) else result.skip_reason
     assert bootstrap in str(reason) and "bootstrap" in str(reason)
     assert status(h.root).divided_step == 0 and not os.path.exists(os.path.join(h.root, "_divisions"))
+
+
+def test_the_rescale_asset_moves_one_share_and_steps_go_on(spark, broker, tmp_path, instance):
+    h = Harness(tmp_path, broker.bootstrap, instance, workers=4)
+    h.produce(300)
+    h.tick()
+    assert h.run(0).success
+    job = h.defs.resolve_job_def(f"{h.name}_rescale")
+    result = job.execute_in_process(instance=instance, run_config={"ops": {f"{h.name}__layout": {"config": {"workers": 5}}}})
+    assert result.success
+    metadata = result.get_asset_materialization_events()[0].materialization.metadata
+    assert metadata["workers"].value == 5 and 0 < metadata["fraction_moved"].value <= 1 / 5 + 1 / 256
+    assert metadata["state_rows_rewritten"].value > 0 and metadata["pause_seconds"].value > 0
+    h.produce(200, deletes=20)
+    h.tick()
+    assert h.run(1).success
+    assert Layout.from_json(status(h.root).meta["layout"]).workers == 5  # the step ran on the new layout
+    assert integral(h.pipeline(spark).outputs.read("bids_by_category", 0, 1)) == h.expected_revenue()

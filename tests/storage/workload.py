@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 
 from circuits.library import NexmarkGenerator, nexmark_circuit, nexmark_inputs
-from circuits.spark import local_session
+from circuits.spark import session
 from storage.logs import Range
 from storage.pipeline import Pipeline
 
@@ -65,4 +65,6 @@ def output_log(pipeline: Pipeline, steps: int) -> dict[str, Counter]:
 
 if __name__ == "__main__":
     root, seed, steps, interval = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    drive(local_session(cores=1, app_name="crash-worker", extra=TEST_SPARK_CONF), root, seed, steps, interval)
+    # An optional fifth argument is a Spark master URL (the standalone cluster test).
+    master = sys.argv[5] if len(sys.argv) > 5 else "local[1]"
+    drive(session(master, app_name="crash-worker", extra=TEST_SPARK_CONF), root, seed, steps, interval)

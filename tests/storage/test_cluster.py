@@ -1,0 +1,92 @@
+"""A real multi-process Spark: a standalone master and two workers on loopback, launched
+from the pyspark package.  A pipeline runs on it, an executor is killed in the middle of
+its steps, and the output log must equal a run on local Spark."""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pyspark
+import pytest
+
+from . import workload
+
+STEPS, INTERVAL = 4, 2
+SPARK_CLASS = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def alive_workers(ui_port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json", timeout=2) as response:
+            return sum(w["state"] == "ALIVE" for w in json.load(response)["workers"])
+    except OSError:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """``spark://`` URL of a master with two one-core workers."""
+    work = tmp_path_factory.mktemp("cluster")
+    port, ui = free_port(), free_port()
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    log = open(work / "cluster.log", "wb")  # noqa: SIM115 - closed at teardown
+    daemons = [
+        subprocess.Popen(
+            [SPARK_CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    ]
+    master = f"spark://127.0.0.1:{port}"
+    for i in range(2):
+        daemons.append(subprocess.Popen(
+            [SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", master, "--host", "127.0.0.1", "--cores", "1",
+             "--memory", "1g", "--webui-port", "0", "--work-dir", str(work / f"worker{i}")],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        ))
+    deadline = time.monotonic() + 90
+    while alive_workers(ui) < 2:
+        assert time.monotonic() < deadline, (work / "cluster.log").read_text()[-3000:]
+        time.sleep(1)
+    yield master
+    for daemon in daemons:
+        os.killpg(daemon.pid, signal.SIGKILL)  # the daemons and the executors they started
+        daemon.wait()
+    log.close()
+
+
+def executors() -> list[int]:
+    found = subprocess.run(["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True, text=True).stdout
+    return [int(pid) for pid in found.split()]
+
+
+def test_killing_an_executor_mid_step_does_not_change_the_output(spark, cluster, tmp_path):
+    reference = workload.output_log(workload.drive(spark, str(tmp_path / "local"), 3, STEPS, INTERVAL), STEPS)
+    root = str(tmp_path / "cluster")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tests.storage.workload", root, "3", str(STEPS), str(INTERVAL), cluster],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    # Wait until the pipeline is inside its steps (its first state table exists), then kill one executor.
+    deadline = time.monotonic() + 240
+    while not os.path.isdir(os.path.join(root, "state")) and run.poll() is None:
+        assert time.monotonic() < deadline, "the pipeline never started its steps"
+        time.sleep(0.2)
+    time.sleep(random.uniform(0.0, 1.5))
+    running = executors()
+    assert len(running) == 2 and run.poll() is None, running
+    os.kill(random.choice(running), signal.SIGKILL)
+    _, errors = run.communicate(timeout=600)
+    assert run.returncode == 0, errors.decode()[-3000:]
+    assert workload.output_log(workload.drive(spark, root, 3, STEPS, INTERVAL), STEPS) == reference
