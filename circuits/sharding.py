@@ -21,6 +21,7 @@ from .errors import CircuitDefinitionError
 VNODE = "_vnode"
 PART = "_part"
 DEFAULT_VNODES = 256
+UNIT_VNODES = 4
 
 _MASK = 0xFFFFFFFF
 
@@ -80,6 +81,12 @@ class Layout:
     @property
     def vnodes(self) -> int:
         return len(self.owners)
+
+    def unit_of(self, vnode: Column) -> Column:
+        """The group of vnodes that change owner together (a shard, or a run of
+        :data:`UNIT_VNODES` vnodes): storage keeps each group's state in its own files, so a
+        layout change rewrites only the groups whose owner changes."""
+        return vnode % F.lit(self.shards) if self.shards else (vnode / UNIT_VNODES).cast("int")
 
     def to_json(self) -> str:
         return json.dumps({"workers": self.workers, "owners": list(self.owners), "shards": self.shards, "k": self.k})

@@ -30,6 +30,7 @@ from circuits.state import StateStore
 from circuits.zset import consolidate
 
 from .delta import (
+    FILE,
     WrittenFiles,
     commit,
     ensure_table,
@@ -203,11 +204,8 @@ class DeltaStateStore(StateStore):
         replacing its files in one Delta commit each.  Results do not change: a trace is a
         Z-set, and consolidation is its identity.  Returns ``table -> (files before, after)``."""
         traces = {name: self.scan(name) for name in self._tables}
-        parts = {
-            name: (self._uri(name), consolidate(df).sortWithinPartitions(VNODE))
-            for name, df in traces.items()
-            if df is not None
-        }
+        layout = self.layout()
+        parts = {name: (self._uri(name), _by_owner(consolidate(df), layout)) for name, df in traces.items() if df is not None}
         before = {name: len(open_table(self._uri(name), self._tables[name]).file_uris()) for name in parts}
         written = write_tables(parts) if parts else {}
         for name, files in written.items():
@@ -232,7 +230,7 @@ class DeltaStateStore(StateStore):
             nbytes += sum(a["size_bytes"] for a in hit)
             files = [f"{table.table_uri.rstrip('/')}/{a['path']}" for a in hit]
             data = read_files(self.spark, self._uri(name), table_schema(table), files, version)
-            parts[name] = (self._uri(name), exchange(data, layout).drop(PART))
+            parts[name] = (self._uri(name), _by_owner(data, layout))
         return Relayout(layout, dict(self._tables), write_tables(parts) if parts else {}, removed, rows, nbytes)
 
     def apply_relayout(self, *changes: Relayout) -> None:
@@ -298,6 +296,13 @@ class Relayout:
     removed: dict[str, list[str]]  # per table, the files the new ones replace
     rows: int
     bytes: int
+
+
+def _by_owner(trace: DataFrame, layout: Layout | None) -> DataFrame:
+    """``trace`` partitioned by owning worker, one file per unit of the layout, sorted by vnode."""
+    if layout is None:
+        return trace.sortWithinPartitions(VNODE)
+    return exchange(trace, layout).drop(PART).withColumn(FILE, layout.unit_of(F.col(VNODE))).sortWithinPartitions(FILE, VNODE)
 
 
 def _vnode_ranges(table) -> list[dict]:

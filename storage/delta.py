@@ -30,6 +30,7 @@ from circuits.state import DEST, pack
 
 from .errors import CorruptTableError, StaleWriterError, StorageError
 
+FILE = "_file"  # a column that only splits rows into files; it is not stored
 FILES_SCHEMA = "dest int, path string, size long, rows long, stats string"
 
 
@@ -40,11 +41,16 @@ def arrow_schema(schema: T.StructType) -> pa.Schema:
 
 
 def ensure_table(uri: str, schema: pa.Schema) -> DeltaTable:
-    try:
-        return DeltaTable(uri)
-    except TableNotFoundError:
-        os.makedirs(uri, exist_ok=True)
-        return DeltaTable.create(uri, schema, mode="ignore")
+    for _ in range(50):
+        try:
+            return DeltaTable(uri)
+        except TableNotFoundError:
+            os.makedirs(uri, exist_ok=True)
+            try:
+                return DeltaTable.create(uri, schema, mode="ignore")
+            except (CommitFailedError, OSError):
+                time.sleep(0.01)  # another writer is creating it at this moment: open theirs
+    raise StorageError(f"cannot create or open the Delta table {uri}")
 
 
 def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
@@ -69,21 +75,24 @@ def _stats(table: pa.Table) -> str:
 
 
 def _writer(targets: dict[int, tuple[str, pa.Schema]]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The executor side: split a partition of packed rows by destination, write one Parquet
-    file per destination into its table directory, and return the files' descriptions."""
+    """The executor side: split a partition of packed rows by destination (and by
+    :data:`FILE` where a destination has it), write one Parquet file per piece into its
+    table directory, and return the files' descriptions."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        pieces: dict[int, list[pa.Table]] = {}
+        pieces: dict[tuple[int, object], list[pa.Table]] = {}
         for batch in batches:
             dests = batch.column(DEST)
             for dest in pc.unique(dests).to_pylist():
                 rows = batch.filter(pc.equal(dests, dest)).column(f"_d{dest}")
-                uri, schema = targets[dest]
                 flat = pa.Table.from_arrays(rows.flatten(), names=[f.name for f in rows.type])
-                pieces.setdefault(dest, []).append(flat.cast(schema))
+                files = flat.column(FILE) if FILE in flat.column_names else None
+                for key in [None] if files is None else pc.unique(files).to_pylist():
+                    piece = flat if files is None else flat.filter(pc.equal(files, key)).drop_columns([FILE])
+                    pieces.setdefault((dest, key), []).append(piece.cast(targets[dest][1]))
         described = []
-        for dest, tables in pieces.items():
-            uri, schema = targets[dest]
+        for (dest, _), tables in pieces.items():
+            uri, _schema = targets[dest]
             data = pa.concat_tables(tables)
             name = f"part-{uuid.uuid4().hex}.parquet"
             pq.write_table(data, os.path.join(uri, name))
@@ -111,12 +120,13 @@ class WrittenFiles:
 
 def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFiles]:
     """Writes every ``name -> (table uri, DataFrame)`` with one Spark job (tables are created
-    when missing).  Nothing is committed: see :func:`commit`."""
+    when missing): a file per Spark partition, or per :data:`FILE` value within it where
+    the DataFrame has that column.  Nothing is committed: see :func:`commit`."""
     names = list(parts)
     targets = {}
     for i, name in enumerate(names):
         uri, df = parts[name]
-        schema = arrow_schema(df.schema)
+        schema = arrow_schema(df.drop(FILE).schema)
         ensure_table(uri, schema)
         targets[i] = (uri, schema)
     packed = pack({name: df for name, (_, df) in parts.items()})

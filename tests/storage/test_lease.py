@@ -1,0 +1,48 @@
+"""The pipeline lease (seed 003): one holder at a time, fenced by Delta's commit protocol."""
+
+import threading
+
+import pytest
+
+from storage.errors import LeaseHeldError
+from storage.lease import Lease
+
+
+def test_of_runs_racing_for_the_lease_exactly_one_wins(tmp_path):
+    for trial in range(10):
+        root = str(tmp_path / f"t{trial}")
+        barrier, won, refused = threading.Barrier(4), [], []
+
+        def race(name: str) -> None:
+            barrier.wait()
+            try:
+                won.append((name, Lease(root).acquire(name)))
+            except LeaseHeldError:
+                refused.append(name)
+
+        threads = [threading.Thread(target=race, args=(f"run{i}",)) for i in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert len(won) == 1 and len(refused) == 3, (won, refused)
+        assert Lease(root).current().holder == won[0][0]
+
+
+def test_a_held_lease_names_its_holder_and_the_fix_and_is_free_once_its_run_is_gone(tmp_path):
+    lease = Lease(str(tmp_path))
+    token = lease.acquire("run-a")
+    with pytest.raises(LeaseHeldError, match="run-a.*dbsp recover --break-lease"):
+        lease.acquire("run-b", wait=0.3, poll=0.1)
+    taken = lease.acquire("run-b", holder_gone=lambda holder: holder == "run-a")
+    assert taken > token
+    lease.release(token)  # a stale token releases nothing
+    assert lease.current().holder == "run-b" and not lease.current().released
+    lease.release(taken)
+    assert lease.current().released
+    with lease.held("run-c") as third:
+        assert lease.current().token == third
+    assert lease.current().released
+
+
+def test_an_expired_lease_can_be_taken(tmp_path):
+    Lease(str(tmp_path), ttl=0.0).acquire("crashed-run")
+    assert Lease(str(tmp_path)).acquire("next-run")
