@@ -180,6 +180,7 @@ class Pipeline:
         catch_up = self.state.relayout(plan.after, layouts.moved(plan.before, plan.after), since=plan.copy.versions)
         self.state.apply_relayout(plan.copy, catch_up)
         self.state.commit()
+        failpoint("after_relayout", self.state.get_step())
         return RescaleReport(
             before=plan.before,
             after=plan.after,
