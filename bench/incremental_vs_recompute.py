@@ -1,18 +1,23 @@
 """Step cost of an incrementally maintained view against recomputing it with Spark batch SQL.
 
-View: bids revenue by category (a join, then an aggregate) from circuits.library.
-State: ``--bids`` bids over ``--bids // 15`` auctions (the Nexmark 46:3 ratio), loaded in
-step 0.  Then ``--steps`` steps each insert ``fraction * bids`` new bids.  Ours: median
-wall time of ``StepRunner.step`` (plan + the step's one fused Spark job + state update),
-in-memory state store.  Peer, same session and data: Spark batch SQL computing the same
-view over the integrated inputs, median of as many runs.
+Views (``--query``): bids revenue by category (a join, then an aggregate) and Nexmark q4
+(a join, then two chained aggregations), from circuits.library.  State: ``--bids`` bids
+over ``--bids // 15`` auctions (the Nexmark 46:3 ratio), loaded in step 0.  Then
+``--steps`` steps each insert ``fraction * bids`` new bids.  Ours: median wall time of a
+step; with ``--store memory`` that is ``StepRunner.step`` (plan + the step's one fused
+Spark job + state update) on the in-memory store; with ``--store delta`` it is a durable
+step of ``storage.pipeline.Pipeline``: input persisted, state and output committed to
+Delta, checkpoint committed.  Peer, same session and data: Spark batch SQL computing the
+same view over the integrated inputs, median of as many runs.
 
-    python bench/incremental_vs_recompute.py --bids 1000000 --fractions 0.001 0.01 0.1
+    python bench/incremental_vs_recompute.py --bids 1000000 --fractions 0.001 0.01 0.1 --store delta
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import shutil
 import statistics
 import time
 
@@ -22,11 +27,20 @@ from pyspark.sql import functions as F
 from circuits import InMemoryStateStore, StepRunner
 from circuits.library import nexmark_circuit
 from circuits.spark import local_session
+from storage.logs import Range
+from storage.pipeline import Pipeline
 
-RECOMPUTE = (
-    "SELECT a.category, sum(b.price) AS revenue, count(*) AS bids "
-    "FROM bids b JOIN auctions a ON b.auction = a.id GROUP BY a.category"
-)
+RECOMPUTE = {
+    "bids_by_category": (
+        "SELECT a.category, sum(b.price) AS revenue, count(*) AS bids "
+        "FROM bids b JOIN auctions a ON b.auction = a.id GROUP BY a.category"
+    ),
+    "q4": (
+        "SELECT category, avg(final) AS avg_final FROM (SELECT a.id, a.category, max(b.price) AS final "
+        "FROM auctions a JOIN bids b ON a.id = b.auction WHERE b.date_time BETWEEN a.date_time AND a.expires "
+        "GROUP BY a.id, a.category) GROUP BY category"
+    ),
+}
 
 
 def auctions(spark: SparkSession, count: int) -> DataFrame:
@@ -60,20 +74,38 @@ def timed(action) -> float:
     return time.perf_counter() - started
 
 
-def measure(spark: SparkSession, total_bids: int, fraction: float, steps: int, workers: int) -> dict:
+def stepper(spark: SparkSession, query: str, store: str, workers: int, root: str):
+    """A function running one step on its inputs: in memory, or durably on Delta."""
+    circuit = nexmark_circuit("bench", (query,))
+    if store == "memory":
+        runner = StepRunner(circuit, spark, InMemoryStateStore(), workers=workers)
+        return lambda inputs: runner.step(inputs).collect_outputs()
+    shutil.rmtree(root, ignore_errors=True)
+    pipeline = Pipeline(spark, root, circuit, workers=workers)
+    steps = itertools.count()
+
+    def durable(inputs):
+        step = next(steps)
+        pipeline.submit(step, inputs, [Range("bench", 0, step, step + 1)])
+        pipeline.run()
+
+    return durable
+
+
+def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int, fraction: float) -> dict:
     auction_count = max(total_bids // 15, 1)
-    runner = StepRunner(nexmark_circuit("bench", ("bids_by_category",)), spark, InMemoryStateStore(), workers=workers)
+    step = stepper(spark, args.query, args.store, args.workers, args.root)
     auction_rows = auctions(spark, auction_count)
-    load = timed(lambda: runner.step({"auctions": auction_rows, "bids": bids(spark, 0, total_bids, auction_count)}))
+    load = timed(lambda: step({"auctions": auction_rows, "bids": bids(spark, 0, total_bids, auction_count)}))
     delta = max(int(total_bids * fraction), 1)
     ours, recompute, next_id = [], [], total_bids
-    for _ in range(steps):
+    for _ in range(args.steps):
         batch = bids(spark, next_id, delta, auction_count)
-        ours.append(timed(lambda: runner.step({"bids": batch}).collect_outputs()))
+        ours.append(timed(lambda: step({"bids": batch})))
         next_id += delta
         auction_rows.drop("_weight").createOrReplaceTempView("auctions")
         bids(spark, 0, next_id, auction_count).drop("_weight").createOrReplaceTempView("bids")
-        recompute.append(timed(lambda: spark.sql(RECOMPUTE).collect()))
+        recompute.append(timed(lambda: spark.sql(RECOMPUTE[args.query]).collect()))
     return {
         "state_bids": total_bids,
         "delta_bids": delta,
@@ -89,12 +121,16 @@ def main() -> None:
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.001, 0.01, 0.1])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--query", choices=sorted(RECOMPUTE), default="bids_by_category")
+    parser.add_argument("--store", choices=["memory", "delta"], default="memory")
+    parser.add_argument("--root", default="/tmp/dbsp-bench", help="where --store delta keeps the pipeline")
     args = parser.parse_args()
     spark = local_session(cores=2, app_name="bench", extra={"spark.driver.memory": "8g"})
+    print(f"{args.query}, {args.store} store, {args.workers} workers, median of {args.steps} steps")
     print(f"{'state bids':>11} {'delta':>8} {'load s':>7} {'step s':>7} {'recompute s':>11} {'step/recompute':>14}")
     for total in args.bids:
         for fraction in args.fractions:
-            r = measure(spark, total, fraction, args.steps, args.workers)
+            r = measure(spark, args, total, fraction)
             print(
                 f"{r['state_bids']:>11,} {r['delta_bids']:>8,} {r['load_s']:>7.1f} {r['ours_s']:>7.2f} "
                 f"{r['recompute_s']:>11.2f} {r['ours_s'] / r['recompute_s']:>14.2f}",

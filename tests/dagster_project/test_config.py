@@ -12,9 +12,9 @@ def test_default_code_location_serves_the_demo_pipeline(spark):
     from dagster_project.definitions import defs
 
     keys = {"/".join(k.path) for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"nexmark/bids_by_category", "nexmark/q3", "nexmark/q4", "nexmark/q15"}
+    assert keys == {"nexmark/bids_by_category", "nexmark/q3", "nexmark/q4", "nexmark/q15", "nexmark/layout"}
     assert defs.resolve_sensor_def("nexmark_kafka_offsets")
-    for job in ("step_job", "compact", "vacuum", "recover", "status", "produce"):
+    for job in ("step_job", "rescale", "compact", "vacuum", "recover", "status", "produce"):
         assert defs.resolve_job_def(f"nexmark_{job}")
 
 
