@@ -88,18 +88,16 @@ class NodeContext:
         trace = self.step.store.scan(self.table(suffix))
         if trace is None:
             return self.keyed_empty(template)
-        trace = exchange(trace, self.layout)
-        wanted = probe.select(
-            F.col(PART).alias("_p_part"),
-            F.col(VNODE).alias("_p_vnode"),
-            *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)],
-        )
-        condition = (trace[PART] == wanted["_p_part"]) & (trace[VNODE] == wanted["_p_vnode"])
+        wanted = probe.select(F.col(VNODE).alias("_p_vnode"), *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)])
+        condition = trace[VNODE] == wanted["_p_vnode"]
         for i, k in enumerate(keys):
             condition = condition & _equal(trace[k], wanted[f"_p_{i}"], null_safe)
-        # Consolidating with the partition column among the keys keeps the rows where
-        # the exchange put them: no further shuffle.
-        return consolidate(trace.join(wanted, condition, "left_semi"))
+        # The step's keys are the small side: broadcast them and filter the trace where it
+        # is read, so only the matching rows (as many as the change touches) are shuffled
+        # to their owners, never the whole trace.  Consolidating with the partition column
+        # among the keys then keeps the rows where the exchange put them.
+        matched = trace.join(F.broadcast(wanted), condition, "left_semi")
+        return consolidate(exchange(matched, self.layout))
 
     def keyed_empty(self, template: DataFrame) -> DataFrame:
         empty = empty_like(template)
