@@ -67,8 +67,16 @@ def cluster(tmp_path_factory):
 
 
 def executors() -> list[int]:
-    found = subprocess.run(["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True, text=True).stdout
-    return [int(pid) for pid in found.split()]
+    """Pids of the executor JVMs the workers launched."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"CoarseGrainedExecutorBackend" in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue  # the process ended meanwhile
+    return found
 
 
 def test_killing_an_executor_mid_step_does_not_change_the_output(spark, cluster, tmp_path):
