@@ -8,23 +8,28 @@ from storage.errors import LeaseHeldError
 from storage.lease import Lease
 
 
+def race(root: str, contenders: int) -> tuple[list[tuple[str, int]], list[str]]:
+    """``contenders`` threads acquire the lease at ``root`` at the same moment."""
+    barrier, won, refused = threading.Barrier(contenders), [], []
+
+    def contend(name: str) -> None:
+        barrier.wait()
+        try:
+            won.append((name, Lease(root).acquire(name)))
+        except LeaseHeldError:
+            refused.append(name)
+
+    threads = [threading.Thread(target=contend, args=(f"run{i}",)) for i in range(contenders)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    return won, refused
+
+
 def test_of_runs_racing_for_the_lease_exactly_one_wins(tmp_path):
     for trial in range(10):
-        root = str(tmp_path / f"t{trial}")
-        barrier, won, refused = threading.Barrier(4), [], []
-
-        def race(name: str) -> None:
-            barrier.wait()
-            try:
-                won.append((name, Lease(root).acquire(name)))
-            except LeaseHeldError:
-                refused.append(name)
-
-        threads = [threading.Thread(target=race, args=(f"run{i}",)) for i in range(4)]
-        [t.start() for t in threads]
-        [t.join() for t in threads]
+        won, refused = race(str(tmp_path / f"t{trial}"), 4)
         assert len(won) == 1 and len(refused) == 3, (won, refused)
-        assert Lease(root).current().holder == won[0][0]
+        assert Lease(str(tmp_path / f"t{trial}")).current().holder == won[0][0]
 
 
 def test_a_held_lease_names_its_holder_and_the_fix_and_is_free_once_its_run_is_gone(tmp_path):
