@@ -43,9 +43,3 @@ def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = 
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
-
-
-def apply_engine_conf(spark: SparkSession) -> None:
-    """Sets the engine's runtime settings on an existing session (for example a cluster's)."""
-    for key, value in ENGINE_CONF.items():
-        spark.conf.set(key, value)

@@ -211,9 +211,3 @@ def read_files(
             f"Delta table {uri}{at}: data file {missing[0]} is missing; restore it, or open an earlier checkpoint"
         )
     return spark.read.schema(schema).parquet(*paths)
-
-
-def read_version(spark: SparkSession, uri: str, schema: T.StructType, version: int | None = None) -> DataFrame:
-    """Table ``uri`` at ``version`` (latest when None) with plain Spark."""
-    table = open_table(uri, version)
-    return read_files(spark, uri, schema, [] if table is None else table.file_uris())
