@@ -26,21 +26,10 @@ from pyspark.sql import functions as F
 
 from circuits import InMemoryStateStore, StepRunner
 from circuits.library import nexmark_circuit
+from circuits.library.nexmark_queries import RECOMPUTE_SQL as RECOMPUTE
 from circuits.spark import local_session
 from storage.logs import Range
 from storage.pipeline import Pipeline
-
-RECOMPUTE = {
-    "bids_by_category": (
-        "SELECT a.category, sum(b.price) AS revenue, count(*) AS bids "
-        "FROM bids b JOIN auctions a ON b.auction = a.id GROUP BY a.category"
-    ),
-    "q4": (
-        "SELECT category, avg(final) AS avg_final FROM (SELECT a.id, a.category, max(b.price) AS final "
-        "FROM auctions a JOIN bids b ON a.id = b.auction WHERE b.date_time BETWEEN a.date_time AND a.expires "
-        "GROUP BY a.id, a.category) GROUP BY category"
-    ),
-}
 
 
 def auctions(spark: SparkSession, count: int) -> DataFrame:

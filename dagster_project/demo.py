@@ -16,19 +16,13 @@ from dagster import DagsterInstance, build_sensor_context
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from circuits.library.nexmark_queries import RECOMPUTE_SQL
 from circuits.zset import WEIGHT
 from storage.logs import STEP, read_steps
 from storage.pipeline import Pipeline, status
 
 from .config import PipelineSpec, ProjectSpec, load_object
 from .factory import build_definitions, produce_events
-
-RECOMPUTE_Q4 = """
-SELECT category, avg(final) AS avg_final FROM (
-  SELECT a.id, a.category, max(b.price) AS final FROM auctions a JOIN bids b ON a.id = b.auction
-  WHERE b.date_time BETWEEN a.date_time AND a.expires GROUP BY a.id, a.category)
-GROUP BY category
-"""
 
 
 @dataclass
@@ -81,7 +75,7 @@ def _check_q4(pipeline: Pipeline, ran: list[int], seconds: list[float]) -> DemoR
     spark = pipeline.spark
     for handle in pipeline.circuit.inputs:
         integral(read_steps(spark, pipeline.inputs.uri(handle), 0, last)).createOrReplaceTempView(handle)
-    recomputed = Counter(tuple(r) for r in spark.sql(RECOMPUTE_Q4).collect())
+    recomputed = Counter(tuple(r) for r in spark.sql(RECOMPUTE_SQL["q4"]).collect())
     maintained = Counter(tuple(r) for r in integral(pipeline.outputs.read("q4", 0, last)).collect())
     return DemoResult(ran, maintained, _rounded(maintained) == _rounded(recomputed), seconds)
 

@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from circuits.zset import WEIGHT, parse_schema
-from storage.logs import Range
+from storage.logs import DEAD_LETTER_SCHEMA, Range
 
 from .errors import OffsetsLostError, SourceError, UnsupportedSchemaError
 from .kafka import consumer_config, error_text
@@ -56,8 +56,6 @@ _RAW_SCHEMA = T.StructType(
     ]
 )
 _RAW_ARROW = to_arrow_schema(_RAW_SCHEMA)
-
-DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "reason", "value")
 
 Fields = tuple[tuple[str, str], ...]
 """The (column, type name) pairs a record's value is validated against."""
@@ -258,7 +256,7 @@ def read_ranges(
         raise
     return Decoded(
         inputs={topic: _zset(raw, topic, parse_schema(schema)) for topic, schema in schemas.items()},
-        dead_letters=raw.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_COLUMNS),
+        dead_letters=raw.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_SCHEMA.names),
         records=stats["records"],
         raw=raw,
     )

@@ -32,6 +32,7 @@ from circuits.zset import consolidate
 from .delta import (
     FILE,
     WrittenFiles,
+    add_actions,
     commit,
     ensure_table,
     open_table,
@@ -206,12 +207,11 @@ class DeltaStateStore(StateStore):
         traces = {name: self.scan(name) for name in self._tables}
         layout = self.layout()
         parts = {name: (self._uri(name), _by_owner(consolidate(df), layout)) for name, df in traces.items() if df is not None}
-        before = {name: len(open_table(self._uri(name), self._tables[name]).file_uris()) for name in parts}
+        before = {name: paths(open_table(self._uri(name), self._tables[name])) for name in parts}
         written = write_tables(parts) if parts else {}
         for name, files in written.items():
-            base = open_table(self._uri(name), self._tables[name])
-            self._tables[name] = commit(files, "compact", self._version + 1, base=self._tables[name], remove=paths(base))
-        return {name: (before[name], len(files.actions)) for name, files in written.items()}
+            self._tables[name] = commit(files, "compact", self._version + 1, base=self._tables[name], remove=before[name])
+        return {name: (len(before[name]), len(files.actions)) for name, files in written.items()}
 
     def relayout(self, layout: Layout, vnodes: Collection[int], since: dict[str, int] | None = None) -> Relayout:
         """Writes, without committing, every trace file that holds one of ``vnodes`` again,
@@ -306,7 +306,7 @@ def _by_owner(trace: DataFrame, layout: Layout | None) -> DataFrame:
 
 
 def _vnode_ranges(table) -> list[dict]:
-    return pa.table(table.get_add_actions(flatten=True)).select(
+    return add_actions(table).select(
         ["path", "num_records", "size_bytes", f"min.{VNODE}", f"max.{VNODE}"]
     ).to_pylist()
 

@@ -158,7 +158,8 @@ def commit(
     actions: list[AddAction | RemoveAction] = list(files.actions)
     if remove:
         now = int(time.time() * 1000)
-        sizes = dict(zip(*_paths_and_sizes(table), strict=True))
+        adds = add_actions(table)
+        sizes = dict(zip(adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist(), strict=True))
         gone = sorted(set(remove) - set(sizes))
         if gone:
             raise StaleWriterError(f"{files.uri}: files to replace are no longer in version {base}: {gone[:3]}")
@@ -178,14 +179,20 @@ def commit(
     return table.version()
 
 
+def add_actions(table: DeltaTable) -> pa.Table:
+    """The data files of ``table``'s version, one row each: ``path`` (relative to the
+    table), ``size_bytes``, ``num_records`` and ``min.<column>``/``max.<column>`` statistics."""
+    return pa.table(table.get_add_actions(flatten=True))
+
+
 def paths(table: DeltaTable) -> list[str]:
     """The data files of ``table``'s version, relative to the table."""
-    return _paths_and_sizes(table)[0]
+    return add_actions(table).column("path").to_pylist()
 
 
-def _paths_and_sizes(table: DeltaTable) -> tuple[list[str], list[int]]:
-    adds = pa.table(table.get_add_actions(flatten=True))
-    return adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist()
+def delta_tables(root: str) -> list[str]:
+    """Every Delta table at or under ``root``."""
+    return [d for d, subdirs, _ in os.walk(root) if "_delta_log" in subdirs]
 
 
 def transaction_version(uri: str, app_id: str) -> int | None:

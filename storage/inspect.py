@@ -6,15 +6,12 @@ Spark aggregation each over the output log.
 
 from __future__ import annotations
 
-import os
-
-import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from circuits.zset import WEIGHT
 
-from .delta import open_table
+from .delta import add_actions, delta_tables, open_table
 from .logs import STEP
 
 
@@ -23,18 +20,17 @@ def rows_of_steps(uri: str, first: int, last: int) -> int:
     table = open_table(uri)
     if table is None:
         return 0
-    files = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    files = add_actions(table).to_pylist()
     return sum(f["num_records"] or 0 for f in files if first <= f[f"min.{STEP}"] and f[f"max.{STEP}"] <= last)
 
 
 def size(uri: str) -> tuple[int, int]:
     """(rows, bytes) of the latest version of every Delta table under ``uri``."""
     rows = nbytes = 0
-    for directory, subdirs, _ in os.walk(uri):
-        if "_delta_log" in subdirs:
-            files = pa.table(open_table(directory).get_add_actions(flatten=True))
-            rows += sum(files.column("num_records").to_pylist() or [0])
-            nbytes += sum(files.column("size_bytes").to_pylist() or [0])
+    for table in delta_tables(uri):
+        files = add_actions(open_table(table))
+        rows += sum(files.column("num_records").to_pylist())
+        nbytes += sum(files.column("size_bytes").to_pylist())
     return rows, nbytes
 
 

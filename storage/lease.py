@@ -36,8 +36,11 @@ class LeaseRecord:
     expires: float
     released: bool
 
+    def held_at(self, now: float) -> bool:
+        return not self.released and self.expires >= now
+
     def free_for(self, holder: str, now: float, holder_gone: Callable[[str], bool]) -> bool:
-        return self.released or self.expires < now or self.holder == holder or holder_gone(self.holder)
+        return not self.held_at(now) or self.holder == holder or holder_gone(self.holder)
 
 
 class Lease:

@@ -17,6 +17,7 @@ from circuits.zset import with_weight_schema
 
 from .delta import (
     WrittenFiles,
+    add_actions,
     commit,
     open_table,
     read_files,
@@ -52,7 +53,7 @@ def _files_of_step(uri: str, step: int) -> list[str]:
     table = open_table(uri)
     if table is None:
         return []
-    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    actions = add_actions(table).to_pylist()
     root = table.table_uri.rstrip("/")
     return [
         f"{root}/{a['path']}"

@@ -27,6 +27,7 @@ from circuits.circuit import Circuit
 from circuits.sharding import Layout
 
 from .database import DeltaStateStore, Relayout, latest_checkpoint
+from .delta import delta_tables
 from .errors import StaleWriterError, StepOrderError
 from .faults import failpoint
 from .lease import Lease
@@ -81,7 +82,7 @@ def status(root: str) -> Status:
         checkpoint_version=version,
         divided_step=DivisionLog(root).next_step(),
         meta=meta,
-        lease_holder=None if lease is None or lease.released or lease.expires < time.time() else lease.holder,
+        lease_holder=lease.holder if lease is not None and lease.held_at(time.time()) else None,
     )
 
 
@@ -177,14 +178,15 @@ class Pipeline:
         self.open()
         if self.layout() != plan.before:
             raise StaleWriterError("the layout changed since this rescale was prepared; prepare it again")
-        catch_up = self.state.relayout(plan.after, layouts.moved(plan.before, plan.after), since=plan.copy.versions)
+        moved = layouts.moved(plan.before, plan.after)
+        catch_up = self.state.relayout(plan.after, moved, since=plan.copy.versions)
         self.state.apply_relayout(plan.copy, catch_up)
         self.state.commit()
         failpoint("after_relayout", self.state.get_step())
         return RescaleReport(
             before=plan.before,
             after=plan.after,
-            vnodes_moved=len(layouts.moved(plan.before, plan.after)),
+            vnodes_moved=len(moved),
             rows_rewritten=plan.copy.rows + catch_up.rows,
             bytes_rewritten=plan.copy.bytes + catch_up.bytes,
             copy_seconds=plan.seconds,
@@ -216,7 +218,7 @@ class Pipeline:
         """
         keep = self.state.retained_table_versions()
         deleted = []
-        for uri in _delta_tables(self.root):
+        for uri in delta_tables(self.root):
             table = DeltaTable(uri)
             name = os.path.relpath(uri, os.path.join(self.root, "state"))
             versions = sorted(keep.get(name, set()) | {table.version()})
@@ -238,6 +240,3 @@ class Pipeline:
         )
         return self.outputs.read(handle, first, last).join(offsets, "_step", "left")
 
-
-def _delta_tables(root: str) -> list[str]:
-    return [d for d, subdirs, _ in os.walk(root) if "_delta_log" in subdirs]

@@ -8,6 +8,20 @@ from .. import agg
 from ..circuit import Circuit, Stream
 from .nexmark import SCHEMAS
 
+# The same views in Spark SQL over tables named after the inputs: what a batch job would
+# recompute from scratch (the demo's check and the benchmarks' peer).
+RECOMPUTE_SQL = {
+    "bids_by_category": (
+        "SELECT a.category, sum(b.price) AS revenue, count(*) AS bids "
+        "FROM bids b JOIN auctions a ON b.auction = a.id GROUP BY a.category"
+    ),
+    "q4": (
+        "SELECT category, avg(final) AS avg_final FROM (SELECT a.id, a.category, max(b.price) AS final "
+        "FROM auctions a JOIN bids b ON a.id = b.auction WHERE b.date_time BETWEEN a.date_time AND a.expires "
+        "GROUP BY a.id, a.category) GROUP BY category"
+    ),
+}
+
 
 def bids_by_category(auctions: Stream, bids: Stream) -> Stream:
     """Revenue and number of bids per auction category (join + aggregate).

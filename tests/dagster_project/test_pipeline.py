@@ -8,7 +8,7 @@ from dagster import SkipReason, instance_for_test
 
 from circuits.sharding import Layout
 from sensors.broker import LocalBroker
-from storage.delta import open_table
+from storage.delta import delta_tables, open_table
 from storage.pipeline import status
 
 from .harness import Harness, integral
@@ -22,11 +22,7 @@ def instance():
 
 def versions(root: str) -> dict[str, int]:
     """The Delta version of every data table under ``root`` (the lease records who ran, not data)."""
-    found = {}
-    for directory, subdirs, _ in os.walk(root):
-        if "_delta_log" in subdirs and os.path.basename(directory) != "_lease":
-            found[os.path.relpath(directory, root)] = open_table(directory).version()
-    return found
+    return {os.path.relpath(uri, root): open_table(uri).version() for uri in delta_tables(root) if not uri.endswith("_lease")}
 
 
 def test_steps_from_kafka_through_dagster_equal_recomputation(spark, broker, tmp_path, instance):

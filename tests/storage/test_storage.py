@@ -13,6 +13,7 @@ from circuits import from_rows
 from circuits.library import word_count
 from circuits.library.wordcount import WORDS_SCHEMA
 from storage import delta as delta_module
+from storage.delta import delta_tables
 from storage.errors import (
     CancelledError,
     CorruptTableError,
@@ -42,12 +43,8 @@ def totals(pipeline: Pipeline, last: int) -> Counter:
     return Counter((r["_step"], r["word"], r["total"], r["_weight"]) for r in pipeline.read_outputs("totals", 0, last).collect())
 
 
-def delta_tables(root: str) -> dict[str, DeltaTable]:
-    found = {}
-    for directory, subdirs, _ in os.walk(root):
-        if "_delta_log" in subdirs:
-            found[os.path.relpath(directory, root)] = DeltaTable(directory)
-    return found
+def tables(root: str) -> dict[str, DeltaTable]:
+    return {os.path.relpath(uri, root): DeltaTable(uri) for uri in delta_tables(root)}
 
 
 @pytest.fixture
@@ -74,20 +71,20 @@ def test_steps_produce_the_running_totals_and_survive_a_restart(spark, pipeline,
 
 def test_rerunning_committed_steps_creates_no_new_delta_version(spark, pipeline):
     pipeline.run()
-    before = {name: t.version() for name, t in delta_tables(pipeline.root).items()}
+    before = {name: t.version() for name, t in tables(pipeline.root).items()}
     again = Pipeline(spark, pipeline.root, word_count(), workers=2)
     submit_all(spark, again)
     assert again.run() == 3
     assert again.run(through=1) == 3
-    assert {name: t.version() for name, t in delta_tables(pipeline.root).items()} == before
+    assert {name: t.version() for name, t in tables(pipeline.root).items()} == before
 
 
 def test_every_table_is_plain_parquet_with_reader_protocol_1_at_every_version(spark, pipeline):
     pipeline.run(through=0)
     pipeline.run()
-    tables = delta_tables(pipeline.root)
-    assert {"_checkpoints", "_divisions", "inputs/upper", "outputs/totals"} <= set(tables)
-    for name, table in tables.items():
+    found = tables(pipeline.root)
+    assert {"_checkpoints", "_divisions", "inputs/upper", "outputs/totals"} <= set(found)
+    for name, table in found.items():
         protocol = table.protocol()
         assert protocol.min_reader_version == 1 and not protocol.reader_features, name
         for version in range(table.version() + 1):
@@ -132,7 +129,7 @@ def test_reading_input_waits_with_a_timeout_and_a_cancellation_token(spark, pipe
 def test_a_missing_data_file_is_named_and_nothing_is_committed_on_top(spark, pipeline):
     pipeline.run(through=1)
     checkpoints = DeltaTable(os.path.join(pipeline.root, "_checkpoints")).version()
-    state = [t for n, t in delta_tables(pipeline.root).items() if n.startswith("state/") and t.file_uris()][0]
+    state = [t for n, t in tables(pipeline.root).items() if n.startswith("state/") and t.file_uris()][0]
     os.remove(state.file_uris()[0].removeprefix("file://"))
     with pytest.raises(CorruptTableError, match=r"state/n\d+_aggregate.* version \d+: data file .* is missing"):
         Pipeline(spark, pipeline.root, word_count()).run()
@@ -206,7 +203,7 @@ def test_compaction_consolidates_traces_and_changes_no_result(spark, pipeline, t
 def test_vacuum_keeps_what_recovery_from_the_earliest_checkpoint_needs(spark, pipeline, tmp_path):
     reference = _fresh(spark, str(tmp_path / "reference"))
     pipeline.run(through=1)
-    before_compaction = {f for n, t in delta_tables(pipeline.root).items() if n.startswith("state/") for f in t.file_uris()}
+    before_compaction = {f for n, t in tables(pipeline.root).items() if n.startswith("state/") for f in t.file_uris()}
     pipeline.compact()
     pipeline.compact()  # now no openable checkpoint pins the files from before compaction
     orphan = os.path.join(pipeline.root, "outputs", "totals", "part-orphan-from-a-discarded-replay.parquet")
