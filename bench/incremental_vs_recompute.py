@@ -16,69 +16,13 @@ same view over the integrated inputs, median of as many runs.
 from __future__ import annotations
 
 import argparse
-import itertools
-import shutil
 import statistics
-import time
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from common import auctions, bids, stepper, timed
+from pyspark.sql import SparkSession
 
-from circuits import InMemoryStateStore, StepRunner
-from circuits.library import nexmark_circuit
 from circuits.library.nexmark_queries import RECOMPUTE_SQL as RECOMPUTE
 from circuits.spark import local_session
-from storage.logs import Range
-from storage.pipeline import Pipeline
-
-
-def auctions(spark: SparkSession, count: int) -> DataFrame:
-    return spark.range(count).select(
-        F.col("id"),
-        F.concat(F.lit("item-"), F.col("id").cast("string")).alias("item_name"),
-        (F.col("id") % 1000).alias("initial_bid"),
-        (F.col("id") % 3000).alias("reserve"),
-        (F.col("id") * 1000).alias("date_time"),
-        (F.col("id") * 1000 + 600_000).alias("expires"),
-        (F.col("id") % 997).alias("seller"),
-        (F.col("id") % 5 + 10).alias("category"),
-        F.lit(1).cast("bigint").alias("_weight"),
-    )
-
-
-def bids(spark: SparkSession, first: int, count: int, auction_count: int) -> DataFrame:
-    return spark.range(first, first + count).select(
-        (F.col("id") * 7919 % auction_count).alias("auction"),
-        (F.col("id") % 10007).alias("bidder"),
-        (F.col("id") * 31 % 10000 + 1).alias("price"),
-        F.lit("Google").alias("channel"),
-        (F.col("id") * 100).alias("date_time"),
-        F.lit(1).cast("bigint").alias("_weight"),
-    )
-
-
-def timed(action) -> float:
-    started = time.perf_counter()
-    action()
-    return time.perf_counter() - started
-
-
-def stepper(spark: SparkSession, query: str, store: str, workers: int, root: str):
-    """A function running one step on its inputs: in memory, or durably on Delta."""
-    circuit = nexmark_circuit("bench", (query,))
-    if store == "memory":
-        runner = StepRunner(circuit, spark, InMemoryStateStore(), workers=workers)
-        return lambda inputs: runner.step(inputs).collect_outputs()
-    shutil.rmtree(root, ignore_errors=True)
-    pipeline = Pipeline(spark, root, circuit, workers=workers)
-    steps = itertools.count()
-
-    def durable(inputs):
-        step = next(steps)
-        pipeline.submit(step, inputs, [Range("bench", 0, step, step + 1)])
-        pipeline.run()
-
-    return durable
 
 
 def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int, fraction: float) -> dict:
@@ -90,7 +34,7 @@ def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int, frac
     ours, recompute, next_id = [], [], total_bids
     for _ in range(args.steps):
         batch = bids(spark, next_id, delta, auction_count)
-        ours.append(timed(lambda: step({"bids": batch})))
+        ours.append(timed(lambda batch=batch: step({"bids": batch})))
         next_id += delta
         auction_rows.drop("_weight").createOrReplaceTempView("auctions")
         bids(spark, 0, next_id, auction_count).drop("_weight").createOrReplaceTempView("bids")
