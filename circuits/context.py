@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from .sharding import PART, VNODE, Layout, exchange, with_vnode
 from .state import StateStore
-from .zset import consolidate, empty_like
+from .zset import consolidate, empty_like, is_empty
 
 
 @dataclass
@@ -21,11 +21,16 @@ class StepContext:
     store: StateStore
     layout: Layout
     inputs: Mapping[str, DataFrame]
+    append_only: frozenset[str] = frozenset()
+    """Inputs that have never had a negative weight, this step included."""
     staged: dict[str, DataFrame] = field(default_factory=dict)
     shared: list[DataFrame] = field(default_factory=list)
 
     def share(self, df: DataFrame) -> DataFrame:
-        """Caches ``df`` for the rest of the step (see :meth:`release`)."""
+        """Caches ``df`` for the rest of the step (see :meth:`release`), unless it is
+        provably empty: a cache would hide that from the optimizer downstream."""
+        if is_empty(df):
+            return empty_like(df)
         self.shared.append(df.persist())
         return df
 
@@ -42,6 +47,9 @@ class NodeContext:
 
     step: StepContext
     label: str
+    append_only: bool = False
+    """Every input stream of the node has only ever inserted rows (this step included), so
+    its integral is a relation and this step's delta has no negative weight."""
 
     @property
     def layout(self) -> Layout:

@@ -57,8 +57,18 @@ def consolidate(df: DataFrame, columns: Iterable[str] | None = None) -> DataFram
 
 
 def empty_like(df: DataFrame) -> DataFrame:
-    """A Z-set with ``df``'s schema and no rows, without running a Spark job."""
+    """A Z-set with ``df``'s schema and no rows, without running a Spark job.
+
+    Spark's optimizer sees that it is empty (a false filter becomes an empty local
+    relation) and removes every join, aggregate and exchange that it empties in turn:
+    an operator whose delta is empty this step costs no Spark stage."""
     return df.where(F.lit(False))
+
+
+def is_empty(df: DataFrame) -> bool:
+    """Whether the optimizer proves ``df`` empty (without running a Spark job)."""
+    rows = df._jdf.queryExecution().optimizedPlan().maxRows()  # noqa: SLF001 - no public API for this
+    return rows.isDefined() and rows.get() == 0
 
 
 def parse_schema(schema: T.StructType | str) -> T.StructType:
@@ -78,7 +88,7 @@ def from_rows(spark: SparkSession, rows: Iterable[tuple], schema: T.StructType |
 
 
 def empty(spark: SparkSession, schema: T.StructType | str) -> DataFrame:
-    return from_rows(spark, [], schema)
+    return empty_like(from_rows(spark, [], schema))
 
 
 def conform(name: str, df: DataFrame, schema: T.StructType) -> DataFrame:

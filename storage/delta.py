@@ -27,6 +27,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from circuits.state import DEST, pack
+from circuits.zset import empty_like
 
 from .errors import CorruptTableError, StaleWriterError, StorageError
 
@@ -210,7 +211,7 @@ def read_files(
 ) -> DataFrame:
     """The Parquet files ``paths`` of table ``uri`` (at ``version``, for messages) as a DataFrame."""
     if not paths:
-        return spark.createDataFrame([], schema)
+        return empty_like(spark.createDataFrame([], schema))
     missing = [p for p in paths if not os.path.exists(p.removeprefix("file://"))]
     if missing:
         at = "" if version is None else f" version {version}"
