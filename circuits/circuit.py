@@ -117,10 +117,18 @@ class Circuit:
         Operators stage their state deltas in ``step.staged``.
         """
         deltas: dict[int, DataFrame] = {}
+        append_only: dict[int, bool] = {}
         consumers = Counter(i for node in self.nodes for i in node.inputs)
         for node in self.nodes:
+            inputs_append_only = bool(node.inputs) and all(append_only[i] for i in node.inputs)
+            append_only[node.id] = (
+                node.operator.handle in step.append_only
+                if isinstance(node.operator, ops.Input)
+                else node.operator.keeps_append_only and inputs_append_only
+            )
             try:
-                delta = node.operator.evaluate(NodeContext(step, node.label), *(deltas[i] for i in node.inputs))
+                ctx = NodeContext(step, node.label, inputs_append_only)
+                delta = node.operator.evaluate(ctx, *(deltas[i] for i in node.inputs))
                 # Spark plans are trees: a delta read by several operators, or produced by a
                 # stateful one (whose plan is large), is cached so that later plans refer to it
                 # instead of copying its whole subtree.

@@ -6,20 +6,24 @@ delta with one fused Spark job (see :func:`circuits.state.pack`).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Mapping
+from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from .circuit import Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError
 from .sharding import Layout
 from .state import DEST, StateStore, pack
-from .zset import empty
+from .zset import WEIGHT, empty
 
 LAYOUT_KEY = "layout"
 FINGERPRINT_KEY = "circuit_fingerprint"
+APPEND_ONLY_KEY = "append_only_inputs"
 OUTPUT = "output:"
 STATE = "state:"
 
@@ -72,13 +76,23 @@ class StepRunner:
                 f"with fingerprint {stored}. Changing a running circuit is not supported: restore the original "
                 "circuit definition, or start the changed circuit on a new, empty state location."
             )
-        self.output_schemas = circuit.check(spark)
         if stored is None:
+            # A new state: find unresolvable expressions before any data is read.  State
+            # written by this same circuit (same fingerprint) has passed the check already.
+            circuit.check(spark)
             store.set_meta(FINGERPRINT_KEY, fingerprint)
+            store.set_meta(APPEND_ONLY_KEY, json.dumps(sorted(circuit.inputs)))
         store.set_meta(LAYOUT_KEY, self.layout.to_json())
+        # Inputs that have never retracted a row (state written before this was recorded: none).
+        self.append_only = frozenset(json.loads(store.get_meta(APPEND_ONLY_KEY) or "[]"))
 
-    def step(self, inputs: Mapping[str, DataFrame]) -> StepResult:
-        """Runs one step on the input deltas (absent inputs are empty) and applies its state."""
+    def step(self, inputs: Mapping[str, DataFrame], retracting: Collection[str] | None = None) -> StepResult:
+        """Runs one step on the input deltas (absent inputs are empty) and applies its state.
+
+        ``retracting`` names the inputs whose delta may hold a negative weight, when the
+        caller knows (a durable input log does, from its file statistics); otherwise one
+        small Spark job finds out.  Operators over inputs that never retract take cheaper
+        paths (see :attr:`circuits.context.NodeContext.append_only`)."""
         unknown = sorted(set(inputs) - set(self.circuit.inputs))
         if unknown:
             raise SchemaMismatchError(
@@ -90,7 +104,10 @@ class StepRunner:
         }
         # Spark's own shuffles (there should be none left after the exchanges) use one partition per worker.
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.layout.workers))
-        ctx = StepContext(self.spark, self.store, self.layout, full)
+        if retracting is None:
+            retracting = _retracting({name: full[name] for name in self.append_only})
+        append_only = self.append_only - set(retracting)
+        ctx = StepContext(self.spark, self.store, self.layout, full, append_only)
         outputs = self.circuit.plan(ctx)
         parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
         parts.update({f"{STATE}{table}": df for table, df in ctx.staged.items()})
@@ -100,4 +117,15 @@ class StepRunner:
             ctx.release()
         state = {table: stored[f"{STATE}{table}"] for table in ctx.staged}
         self.store.apply(state)
+        self.append_only = append_only
+        self.store.set_meta(APPEND_ONLY_KEY, json.dumps(sorted(append_only)))
         return StepResult({name: stored[f"{OUTPUT}{name}"] for name in outputs}, state)
+
+
+def _retracting(inputs: Mapping[str, DataFrame]) -> set[str]:
+    """The inputs with a negative weight (one Spark job for all of them)."""
+    if not inputs:
+        return set()
+    names = list(inputs)
+    minima = [df.select(F.lit(i).alias("_input"), F.min(WEIGHT).alias("_min")) for i, df in enumerate(inputs.values())]
+    return {names[row["_input"]] for row in reduce(DataFrame.unionByName, minima).collect() if (row["_min"] or 0) < 0}

@@ -12,16 +12,12 @@ from pyspark.sql import functions as F
 from circuits.zset import WEIGHT
 
 from .delta import add_actions, delta_tables, open_table
-from .logs import STEP
+from .logs import STEP, files_of_steps
 
 
 def rows_of_steps(uri: str, first: int, last: int) -> int:
     """Rows that steps ``first..=last`` wrote to the step-keyed table ``uri`` (0 if none)."""
-    table = open_table(uri)
-    if table is None:
-        return 0
-    files = add_actions(table).to_pylist()
-    return sum(f["num_records"] or 0 for f in files if first <= f[f"min.{STEP}"] and f[f"max.{STEP}"] <= last)
+    return sum(f["num_records"] or 0 for f in files_of_steps(uri, first, last))
 
 
 def size(uri: str) -> tuple[int, int]:

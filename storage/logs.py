@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from circuits.zset import with_weight_schema
+from circuits.zset import WEIGHT, with_weight_schema
 
 from .delta import (
     WrittenFiles,
@@ -48,17 +48,18 @@ def _next_step(uri: str, app_id: str) -> int:
     return 0 if last is None else last + 1
 
 
-def _files_of_step(uri: str, step: int) -> list[str]:
-    """The data files of ``uri`` whose ``_step`` statistics admit ``step``."""
+def files_of_steps(uri: str, first: int, last: int) -> list[dict]:
+    """The add actions (with ``uri``: the file's full path) of the data files of the
+    step-keyed table ``uri`` that may hold rows of steps ``first..=last``, by their
+    ``_step`` statistics (a file without them may hold any step)."""
     table = open_table(uri)
     if table is None:
         return []
-    actions = add_actions(table).to_pylist()
     root = table.table_uri.rstrip("/")
     return [
-        f"{root}/{a['path']}"
-        for a in actions
-        if a.get(f"min.{STEP}") is None or a[f"min.{STEP}"] <= step <= a[f"max.{STEP}"]
+        {**a, "uri": f"{root}/{a['path']}"}
+        for a in add_actions(table).to_pylist()
+        if a.get(f"min.{STEP}") is None or (a[f"min.{STEP}"] <= last and first <= a[f"max.{STEP}"])
     ]
 
 
@@ -196,6 +197,14 @@ class InputLog:
         for files in written.values():
             commit(files, "input", step)
 
+    def retracting(self, step: int) -> set[str]:
+        """The handles whose input of ``step`` may hold a negative weight (by file statistics)."""
+        return {
+            handle
+            for handle in self.schemas
+            if any(f[f"min.{WEIGHT}"] is None or f[f"min.{WEIGHT}"] < 0 for f in files_of_steps(self.uri(handle), step, step))
+        }
+
     def dead_letters(self) -> DataFrame:
         """Every dead letter so far, with its ``_step``."""
         table = open_table(self.dead_letters_uri)
@@ -212,7 +221,9 @@ class InputLog:
                 raise InputTimeoutError(f"the input of step {step} did not arrive within {timeout:g} s")
             time.sleep(0.1)
         return {
-            handle: read_files(self.spark, self.uri(handle), _step_schema(schema), _files_of_step(self.uri(handle), step))
+            handle: read_files(
+                self.spark, self.uri(handle), _step_schema(schema), [f["uri"] for f in files_of_steps(self.uri(handle), step, step)]
+            )
             .where(F.col(STEP) == step)
             .drop(STEP)
             for handle, schema in self.schemas.items()

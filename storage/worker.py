@@ -91,7 +91,7 @@ class Worker:
                 except (CancelledError, InputTimeoutError):
                     continue  # look at the state again
                 with pipeline.timed("compute_and_write"):
-                    runner.step(inputs)
+                    runner.step(inputs, pipeline.inputs.retracting(step))
                 with pipeline.timed("output_commit"):
                     pipeline.outputs.write(step, pipeline.state.written_outputs)
                 failpoint("after_output", step)

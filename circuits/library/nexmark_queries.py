@@ -20,6 +20,14 @@ RECOMPUTE_SQL = {
         "FROM auctions a JOIN bids b ON a.id = b.auction WHERE b.date_time BETWEEN a.date_time AND a.expires "
         "GROUP BY a.id, a.category) GROUP BY category"
     ),
+    "q3": (
+        "SELECT p.name, p.city, p.state, a.id FROM auctions a JOIN persons p ON a.seller = p.id "
+        "WHERE a.category = 10 AND p.state IN ('OR', 'ID', 'CA')"
+    ),
+    "q15": (
+        "SELECT date_format(timestamp_millis(date_time), 'yyyy-MM-dd') AS day, count(*) AS total_bids, "
+        "count(DISTINCT bidder) AS total_bidders, count(DISTINCT auction) AS total_auctions FROM bids GROUP BY 1"
+    ),
 }
 
 

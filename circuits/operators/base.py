@@ -25,6 +25,9 @@ class Operator(ABC):
     """The output is always consolidated (no equal rows, no zero weights)."""
     keeps_consolidation: ClassVar[bool] = False
     """The output is consolidated whenever the (single) input is."""
+    keeps_append_only: ClassVar[bool] = False
+    """The output stream never retracts a row while no input stream does (see
+    :attr:`circuits.context.NodeContext.append_only`)."""
 
     def params(self) -> dict[str, Any]:
         return {}

@@ -41,6 +41,9 @@ class Join(Operator):
     def __init__(self, on: tuple[str, ...], how: str) -> None:
         self.on = on
         self.how = how
+        # Inner: products of inserted rows are inserted rows.  Left: a match arriving
+        # retracts the key's null-padded rows.
+        self.keeps_append_only = how == "inner"
 
     def params(self) -> dict[str, Any]:
         return {"on": list(self.on), "how": self.how}

@@ -36,6 +36,7 @@ class Filter(Operator):
     """``σ_p(Z)``: rows where ``p`` is true (SQL: null is false), weights kept.  Incremental: ``σ_p(ΔZ)``."""
 
     name = "filter"
+    keeps_append_only = True
     keeps_consolidation = True
 
     def __init__(self, condition: Column | str) -> None:
@@ -54,6 +55,7 @@ class Select(Operator):
     Incremental: ``π_f(ΔZ)``."""
 
     name = "select"
+    keeps_append_only = True
 
     def __init__(self, columns: tuple[Column | str, ...]) -> None:
         self.columns = columns
@@ -70,6 +72,7 @@ class FlatMap(Operator):
     ``keep`` columns; each copy keeps the row's weight.  Incremental: applied to ``ΔZ``."""
 
     name = "flat_map"
+    keeps_append_only = True
 
     def __init__(self, alias: str, array_expr: Column, keep: tuple[str, ...]) -> None:
         self.alias = alias
@@ -87,6 +90,7 @@ class Union(Operator):
     """``Z1 + Z2 + ...`` (bag union: weights add).  Incremental: ``ΔZ1 + ΔZ2 + ...``."""
 
     name = "union"
+    keeps_append_only = True
 
     def __init__(self, arity: int) -> None:
         self.arity = arity  # type: ignore[misc]  # per instance: a union of n streams

@@ -78,7 +78,8 @@ class Aggregate(Operator):
     Incremental, per group the delta touches: output = ``row(after) - row(before)``.
     ``count``/``sum``/``avg`` keep running accumulators (``after = before + Δ``);
     ``count_distinct`` adds the number of values whose weight crosses zero;
-    ``min``/``max`` re-derive the touched groups from the integral of their column.
+    ``min``/``max`` re-derive the touched groups from the integral of their column (while the
+    input has only ever inserted: the old extreme against the delta's, reading no values).
     State: one row of accumulators per group, plus the integral of each column that a
     min/max/count_distinct reads.
     """
@@ -105,16 +106,21 @@ class Aggregate(Operator):
         template = self._state_template(partial, d)
         before = ctx.lookup("groups", partial, keys, template, null_safe=True)
         # Each contribution is a set of per-group rows; summed (or min/max-ed) per group they
-        # give the accumulators after the step.
+        # give the accumulators after the step.  While the input only inserts, a group's new
+        # min/max is the old one against the delta's: no need to read the group's values.
+        kept = [_ROWS, *self._additive_columns(), *(self._extreme_columns() if ctx.append_only else [])]
         contributions = [
-            _shape(before, template, keys, {c: F.col(c) for c in [_ROWS, *self._additive_columns()]}),
+            _shape(before, template, keys, {c: F.col(c) for c in kept}),
             _shape(partial, template, keys, {c: F.col(c) for c in partial.columns if c not in (PART, VNODE, *keys)}),
         ]
         for column in sorted({a.column for _, a in self.aggs if a.kind in (*_EXTREMES, "count_distinct")}):
             values = d.select(PART, VNODE, *keys, column, weight())
             if any(a.kind in _EXTREMES and a.column == column for _, a in self.aggs):
-                group_values = ctx.lookup(f"values.{column}", partial, keys, values, null_safe=True)
-                contributions.append(self._extremes(column, keys, add(group_values, values), template))
+                group_values = values
+                if not ctx.append_only:
+                    old = ctx.lookup(f"values.{column}", partial, keys, values, null_safe=True)
+                    group_values = add(old, values)
+                contributions.append(self._extremes(column, keys, group_values, template))
             if any(a.kind == "count_distinct" and a.column == column for _, a in self.aggs):
                 contributions.append(self._distinct_counts(ctx, column, keys, values, template))
             ctx.stage(f"values.{column}", values)
@@ -154,6 +160,9 @@ class Aggregate(Operator):
             if a.kind in ("sum", "avg"):
                 columns.append(f"_n{i}")
         return columns
+
+    def _extreme_columns(self) -> list[str]:
+        return [f"_a{i}" for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES]
 
     def _combine(self, column: str) -> Column:
         kinds = {f"_a{i}": a.kind for i, (_, a) in enumerate(self.aggs)}

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from deltalake import DeltaTable
 
-from circuits import from_rows
+from circuits import Circuit, agg, from_rows
 from circuits.library import word_count
 from circuits.library.wordcount import WORDS_SCHEMA
 from storage import delta as delta_module
@@ -24,7 +24,7 @@ from storage.errors import (
     StepOrderError,
 )
 from storage.logs import Range
-from storage.pipeline import Pipeline
+from storage.pipeline import Pipeline, status
 
 STEPS = [
     {"upper": [("F", 1, 1), ("M", 3, 1)], "lower": [("f", 4, 1)]},
@@ -241,3 +241,36 @@ def test_a_paused_worker_stops_every_step_at_the_same_boundary_and_checkpoints(s
     assert reopened.state.get_step() == 2
     with pytest.raises(StepOrderError, match="cannot run through step 5: step 3 has no recorded input yet"):
         reopened.advance(through=5)
+
+
+def _max_price_circuit():
+    circuit = Circuit("max_price")
+    bids = circuit.input("bids", "auction bigint, price bigint")
+    bids.group_by("auction").agg(top=agg.max("price")).output("top")
+    return circuit
+
+
+def test_max_reads_no_values_while_the_input_only_inserts_and_is_right_after_a_retraction(spark, tmp_path):
+    """While an input has only inserted rows, max is the old max against the delta's (the
+    fast path); the first retraction, seen from the input log's statistics, switches the
+    operator back to re-deriving from the values for good, across restarts."""
+    root = str(tmp_path / "max")
+    steps = [
+        [(1, 5, 1), (1, 7, 1), (2, 3, 1)],
+        [(1, 9, 1)],
+        [(1, 9, -1), (2, 1, 1)],  # retracts auction 1's max: the answer must fall back to 7
+        [(1, 8, 1)],
+    ]
+    expected = [{(1, 7), (2, 3)}, {(1, 9), (2, 3)}, {(1, 7), (2, 3)}, {(1, 8), (2, 3)}]
+    append_only = ['["bids"]', '["bids"]', "[]", "[]"]
+    for step, rows in enumerate(steps):
+        pipeline = Pipeline(spark, root, _max_price_circuit(), workers=2)  # a restart every step
+        pipeline.submit(step, {"bids": from_rows(spark, rows, "auction bigint, price bigint")}, [Range("b", 0, step, step + 1)])
+        assert pipeline.inputs.retracting(step) == ({"bids"} if step == 2 else set())
+        pipeline.run()
+        integral = Counter()
+        for r in pipeline.read_outputs("top", 0, step).collect():
+            integral[(r["auction"], r["top"])] += r["_weight"]
+        assert {row for row, w in integral.items() if w} == expected[step], step
+        assert all(w in (0, 1) for w in integral.values())
+        assert status(root).meta["append_only_inputs"] == append_only[step]
