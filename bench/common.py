@@ -7,13 +7,15 @@ from __future__ import annotations
 import itertools
 import shutil
 import time
+from collections import Counter
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from circuits import InMemoryStateStore, StepRunner
 from circuits.library import nexmark_circuit
-from storage.logs import Range
+from circuits.zset import consolidate, data_columns
+from storage.logs import STEP, OutputLog, Range
 from storage.pipeline import Pipeline
 
 
@@ -32,12 +34,15 @@ def auctions(spark: SparkSession, count: int) -> DataFrame:
 
 
 def bids(spark: SparkSession, first: int, count: int, auction_count: int) -> DataFrame:
+    """Bids spread over every auction; six in seven fall within their auction's 600 s
+    window (so q4's filter keeps most of them and its aggregates change every step)."""
+    auction = F.col("id") * 7919 % auction_count
     return spark.range(first, first + count).select(
-        (F.col("id") * 7919 % auction_count).alias("auction"),
+        auction.alias("auction"),
         (F.col("id") % 10007).alias("bidder"),
         (F.col("id") * 31 % 10000 + 1).alias("price"),
         F.lit("Google").alias("channel"),
-        (F.col("id") * 100).alias("date_time"),
+        (auction * 1000 + F.col("id") * 37 % 700_000).alias("date_time"),
         F.lit(1).cast("bigint").alias("_weight"),
     )
 
@@ -64,3 +69,17 @@ def stepper(spark: SparkSession, query: str, store: str, workers: int, root: str
         pipeline.run()
 
     return durable
+
+
+def integrated_output(spark: SparkSession, root: str, query: str, last: int) -> Counter:
+    """What the output log of a durable :func:`stepper` at ``root`` adds up to through step
+    ``last``: each row of view ``query`` with its summed weight (rows summing to zero left out)."""
+    changes = OutputLog(spark, root).read(query, 0, last)
+    columns = [c for c in data_columns(changes) if c != STEP]
+    return Counter({tuple(row[:-1]): row[-1] for row in consolidate(changes, columns).collect()})
+
+
+def rounded(rows: Counter) -> Counter:
+    """``rows`` with floats rounded to 6 places: an average kept incrementally and one
+    recomputed in batch may differ in the last bits."""
+    return Counter({tuple(round(v, 6) if isinstance(v, float) else v for v in row): n for row, n in rows.items()})

@@ -3,7 +3,8 @@
 Views (``--query``): bids revenue by category (a join, then an aggregate) and Nexmark q4
 (a join, then two chained aggregations), from circuits.library.  State: ``--bids`` bids
 over ``--bids // 15`` auctions (the Nexmark 46:3 ratio), loaded in step 0.  Then
-``--steps`` steps each insert ``fraction * bids`` new bids.  Ours: median wall time of a
+``--steps`` steps each insert ``fraction * bids`` new bids, for each fraction in turn
+(state is loaded once per size).  Ours: median wall time of a
 step; with ``--store memory`` that is ``StepRunner.step`` (plan + the step's one fused
 Spark job + state update) on the in-memory store; with ``--store delta`` it is a durable
 step of ``storage.pipeline.Pipeline``: input persisted, state and output committed to
@@ -17,35 +18,48 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections import Counter
 
-from common import auctions, bids, stepper, timed
+from common import auctions, bids, integrated_output, rounded, stepper, timed
 from pyspark.sql import SparkSession
 
 from circuits.library.nexmark_queries import RECOMPUTE_SQL as RECOMPUTE
 from circuits.spark import local_session
 
 
-def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int, fraction: float) -> dict:
+def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int) -> list[dict]:
+    """Loads ``total_bids`` of state once, then runs ``args.steps`` steps per fraction, the
+    fractions in the order given (so a later series starts from the state the earlier ones grew)."""
     auction_count = max(total_bids // 15, 1)
     step = stepper(spark, args.query, args.store, args.workers, args.root)
     auction_rows = auctions(spark, auction_count)
     load = timed(lambda: step({"auctions": auction_rows, "bids": bids(spark, 0, total_bids, auction_count)}))
-    delta = max(int(total_bids * fraction), 1)
-    ours, recompute, next_id = [], [], total_bids
-    for _ in range(args.steps):
-        batch = bids(spark, next_id, delta, auction_count)
-        ours.append(timed(lambda batch=batch: step({"bids": batch})))
-        next_id += delta
-        auction_rows.drop("_weight").createOrReplaceTempView("auctions")
-        bids(spark, 0, next_id, auction_count).drop("_weight").createOrReplaceTempView("bids")
-        recompute.append(timed(lambda: spark.sql(RECOMPUTE[args.query]).collect()))
-    return {
-        "state_bids": total_bids,
-        "delta_bids": delta,
-        "load_s": load,
-        "ours_s": statistics.median(ours),
-        "recompute_s": statistics.median(recompute),
-    }
+    auction_rows.drop("_weight").createOrReplaceTempView("auctions")
+    rows, next_id = [], total_bids
+    for fraction in args.fractions:
+        delta = max(int(total_bids * fraction), 1)
+        ours, recompute, state = [], [], next_id
+        for _ in range(args.steps):
+            batch = bids(spark, next_id, delta, auction_count)
+            ours.append(timed(lambda batch=batch: step({"bids": batch})))
+            next_id += delta
+            bids(spark, 0, next_id, auction_count).drop("_weight").createOrReplaceTempView("bids")
+            recompute.append(timed(lambda: spark.sql(RECOMPUTE[args.query]).collect()))
+        rows.append(
+            {
+                "state_bids": state,
+                "delta_bids": delta,
+                "load_s": load,
+                "ours_s": statistics.median(ours),
+                "recompute_s": statistics.median(recompute),
+            }
+        )
+    if args.store == "delta":
+        expected = Counter(tuple(r) for r in spark.sql(RECOMPUTE[args.query]).collect())
+        last = len(args.fractions) * args.steps
+        same = rounded(integrated_output(spark, args.root, args.query, last)) == rounded(expected)
+        print(f"integrated output of steps 0..{last} equals the recompute: {same}")
+    return rows
 
 
 def main() -> None:
@@ -54,7 +68,7 @@ def main() -> None:
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.001, 0.01, 0.1])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--query", choices=sorted(RECOMPUTE), default="bids_by_category")
+    parser.add_argument("--query", choices=["bids_by_category", "q4"], default="bids_by_category")
     parser.add_argument("--store", choices=["memory", "delta"], default="memory")
     parser.add_argument("--root", default="/tmp/dbsp-bench", help="where --store delta keeps the pipeline")
     args = parser.parse_args()
@@ -62,8 +76,7 @@ def main() -> None:
     print(f"{args.query}, {args.store} store, {args.workers} workers, median of {args.steps} steps")
     print(f"{'state bids':>11} {'delta':>8} {'load s':>7} {'step s':>7} {'recompute s':>11} {'step/recompute':>14}")
     for total in args.bids:
-        for fraction in args.fractions:
-            r = measure(spark, args, total, fraction)
+        for r in measure(spark, args, total):
             print(
                 f"{r['state_bids']:>11,} {r['delta_bids']:>8,} {r['load_s']:>7.1f} {r['ours_s']:>7.2f} "
                 f"{r['recompute_s']:>11.2f} {r['ours_s'] / r['recompute_s']:>14.2f}",
