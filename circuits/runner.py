@@ -13,17 +13,19 @@ from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from .circuit import Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError
 from .sharding import Layout
 from .state import DEST, StateStore, pack
-from .zset import WEIGHT, empty
+from .zset import WEIGHT, empty, empty_like, is_empty
 
 LAYOUT_KEY = "layout"
 FINGERPRINT_KEY = "circuit_fingerprint"
 APPEND_ONLY_KEY = "append_only_inputs"
+OUTPUT_SCHEMAS_KEY = "output_schemas"
 OUTPUT = "output:"
 STATE = "state:"
 
@@ -79,12 +81,21 @@ class StepRunner:
         if stored is None:
             # A new state: find unresolvable expressions before any data is read.  State
             # written by this same circuit (same fingerprint) has passed the check already.
-            circuit.check(spark)
+            schemas = circuit.check(spark)
             store.set_meta(FINGERPRINT_KEY, fingerprint)
+            store.set_meta(OUTPUT_SCHEMAS_KEY, json.dumps({name: s.jsonValue() for name, s in schemas.items()}))
             store.set_meta(APPEND_ONLY_KEY, json.dumps(sorted(circuit.inputs)))
         store.set_meta(LAYOUT_KEY, self.layout.to_json())
         # Inputs that have never retracted a row (state written before this was recorded: none).
         self.append_only = frozenset(json.loads(store.get_meta(APPEND_ONLY_KEY) or "[]"))
+        # When set, a step whose every input is empty is known to change nothing: its outputs
+        # are empty with these schemas, and it needs no planning.
+        schemas = json.loads(store.get_meta(OUTPUT_SCHEMAS_KEY) or "null")
+        self._empty_outputs = (
+            {name: T.StructType.fromJson(s) for name, s in schemas.items()}
+            if schemas is not None and all(n.operator.zero_preserving for n in circuit.nodes)
+            else None
+        )
 
     def step(self, inputs: Mapping[str, DataFrame], retracting: Collection[str] | None = None) -> StepResult:
         """Runs one step on the input deltas (absent inputs are empty) and applies its state.
@@ -102,6 +113,10 @@ class StepRunner:
             name: inputs[name] if name in inputs else empty(self.spark, schema)
             for name, schema in self.circuit.inputs.items()
         }
+        if self._empty_outputs is not None and all(is_empty(df) for df in full.values()):
+            nothing = {f"{OUTPUT}{n}": empty_like(self.spark.createDataFrame([], s)) for n, s in self._empty_outputs.items()}
+            stored = self.store.materialize(nothing)
+            return StepResult({name: stored[f"{OUTPUT}{name}"] for name in self._empty_outputs}, {})
         # Spark's own shuffles (there should be none left after the exchanges) use one partition per worker.
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.layout.workers))
         if retracting is None:

@@ -13,11 +13,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from circuits.zset import WEIGHT, with_weight_schema
+from circuits.zset import WEIGHT, is_empty, with_weight_schema
 
 from .delta import (
     WrittenFiles,
     add_actions,
+    arrow_schema,
     commit,
     open_table,
     read_files,
@@ -178,20 +179,24 @@ class InputLog:
 
     def persist(self, step: int, inputs: dict[str, DataFrame], dead_letters: DataFrame | None = None) -> None:
         """Writes ``step``'s input for every handle (absent handles: empty) and its dead
-        letters (``DEAD_LETTER_SCHEMA``), once, with one Spark job.  The dead letters are
-        committed before the inputs, whose commits mark the step persisted."""
+        letters (``DEAD_LETTER_SCHEMA``), once, with one Spark job (none when every input
+        is absent or provably empty).  The dead letters are committed before the inputs,
+        whose commits mark the step persisted."""
         todo = {h: s for h, s in self.schemas.items() if _next_step(self.uri(h), "input") <= step}
         if not todo:
             return
-        parts = {}
+        parts, written = {}, {}
         for handle, schema in todo.items():
             df = inputs.get(handle)
-            if df is None:
-                df = self.spark.createDataFrame([], with_weight_schema(schema))
-            parts[handle] = (self.uri(handle), df)
+            if df is None or is_empty(df):  # nothing to write; the commit still marks the step
+                written[handle] = WrittenFiles(self.uri(handle), arrow_schema(_step_schema(schema)), [])
+            else:
+                parts[handle] = (self.uri(handle), df)
         if dead_letters is not None and _next_step(self.dead_letters_uri, "dead_letter") <= step:
             parts[DEAD_LETTERS] = (self.dead_letters_uri, dead_letters.select(*DEAD_LETTER_SCHEMA.names))
-        written = write_tables({n: (uri, df.withColumn(STEP, F.lit(step).cast("bigint"))) for n, (uri, df) in parts.items()})
+        if parts:
+            step_column = F.lit(step).cast("bigint")
+            written |= write_tables({n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()})
         if DEAD_LETTERS in written:
             commit(written.pop(DEAD_LETTERS), "dead_letter", step)
         for files in written.values():

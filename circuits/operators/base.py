@@ -25,6 +25,8 @@ class Operator(ABC):
     """The output is always consolidated (no equal rows, no zero weights)."""
     keeps_consolidation: ClassVar[bool] = False
     """The output is consolidated whenever the (single) input is."""
+    zero_preserving: ClassVar[bool] = True
+    """An empty delta on every input gives an empty output and stages no state change."""
     keeps_append_only: ClassVar[bool] = False
     """The output stream never retracts a row while no input stream does (see
     :attr:`circuits.context.NodeContext.append_only`)."""

@@ -24,6 +24,7 @@ class Integrate(Operator):
     """``I(x)[t] = x[0] + ... + x[t]``.  Incremental: ``I[t] = I[t-1] + x[t]``; state: ``I[t-1]``."""
 
     stateful = True
+    zero_preserving = False  # outputs whole values, not changes
 
     name = "integrate"
     consolidates = True
@@ -39,6 +40,7 @@ class _Previous(Operator):
     """Keeps ``x[t-1]``: each step stages ``x[t] - x[t-1]`` so the trace becomes ``x[t]``."""
 
     stateful = True
+    zero_preserving = False
 
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
         d = _keyed(ctx, delta)
