@@ -17,7 +17,7 @@ from .logs import STEP, files_of_steps
 
 def rows_of_steps(uri: str, first: int, last: int) -> int:
     """Rows that steps ``first..=last`` wrote to the step-keyed table ``uri`` (0 if none)."""
-    return sum(f["num_records"] or 0 for f in files_of_steps(uri, first, last))
+    return sum(f["num_records"] or 0 for f in files_of_steps(open_table(uri), first, last))
 
 
 def size(uri: str) -> tuple[int, int]:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -49,11 +49,10 @@ def _next_step(uri: str, app_id: str) -> int:
     return 0 if last is None else last + 1
 
 
-def files_of_steps(uri: str, first: int, last: int) -> list[dict]:
+def files_of_steps(table: DeltaTable | None, first: int, last: int) -> list[dict]:
     """The add actions (with ``uri``: the file's full path) of the data files of the
-    step-keyed table ``uri`` that may hold rows of steps ``first..=last``, by their
-    ``_step`` statistics (a file without them may hold any step)."""
-    table = open_table(uri)
+    step-keyed ``table`` that may hold rows of steps ``first..=last``, by their ``_step``
+    statistics (a file without them may hold any step).  No table: no files."""
     if table is None:
         return []
     root = table.table_uri.rstrip("/")
@@ -74,7 +73,7 @@ def read_steps(spark: SparkSession, uri: str, first: int, last: int) -> DataFram
     table = open_table(uri)
     if table is None:
         raise StepOrderError(f"{uri} has no steps yet")
-    files = [f["uri"] for f in files_of_steps(uri, first, last)]
+    files = [f["uri"] for f in files_of_steps(table, first, last)]
     return read_files(spark, uri, table_schema(table), files).where(F.col(STEP).between(first, last))
 
 
@@ -165,6 +164,14 @@ DEAD_LETTER_SCHEMA = T.StructType(
 )
 
 
+@dataclass(frozen=True)
+class StepInput:
+    deltas: dict[str, DataFrame]
+    """Each input handle's delta of the step."""
+    retracting: set[str]
+    """The handles whose delta may hold a negative weight (by the files' statistics)."""
+
+
 class InputLog:
     """Each step's input Z-sets, persisted per input handle under ``<root>/inputs``, so a
     replay never depends on the source's retention.  Records that could not be decoded
@@ -211,22 +218,14 @@ class InputLog:
         for files in written.values():
             commit(files, "input", step)
 
-    def retracting(self, step: int) -> set[str]:
-        """The handles whose input of ``step`` may hold a negative weight (by file statistics)."""
-        return {
-            handle
-            for handle in self.schemas
-            if any(f[f"min.{WEIGHT}"] is None or f[f"min.{WEIGHT}"] < 0 for f in files_of_steps(self.uri(handle), step, step))
-        }
-
     def dead_letters(self) -> DataFrame:
         """Every dead letter so far, with its ``_step``."""
         table = open_table(self.dead_letters_uri)
         schema = T.StructType([*DEAD_LETTER_SCHEMA.fields, T.StructField(STEP, T.LongType())])
         return read_files(self.spark, self.dead_letters_uri, schema, [] if table is None else table.file_uris())
 
-    def read(self, step: int, timeout: float = 60.0, cancel: threading.Event | None = None) -> dict[str, DataFrame]:
-        """``step``'s input per handle; blocks until it is persisted, ``timeout`` passes, or ``cancel`` is set."""
+    def read(self, step: int, timeout: float = 60.0, cancel: threading.Event | None = None) -> StepInput:
+        """``step``'s input; blocks until it is persisted, ``timeout`` passes, or ``cancel`` is set."""
         deadline = time.monotonic() + timeout
         while not self.persisted(step):
             if cancel is not None and cancel.is_set():
@@ -234,14 +233,14 @@ class InputLog:
             if time.monotonic() > deadline:
                 raise InputTimeoutError(f"the input of step {step} did not arrive within {timeout:g} s")
             time.sleep(0.1)
-        return {
-            handle: read_files(
-                self.spark, self.uri(handle), _step_schema(schema), [f["uri"] for f in files_of_steps(self.uri(handle), step, step)]
-            )
-            .where(F.col(STEP) == step)
-            .drop(STEP)
-            for handle, schema in self.schemas.items()
-        }
+        deltas, retracting = {}, set()
+        for handle, schema in self.schemas.items():
+            files = files_of_steps(open_table(self.uri(handle)), step, step)
+            paths = [f["uri"] for f in files]
+            deltas[handle] = read_files(self.spark, self.uri(handle), _step_schema(schema), paths).where(F.col(STEP) == step).drop(STEP)
+            if any(f[f"min.{WEIGHT}"] is None or f[f"min.{WEIGHT}"] < 0 for f in files):
+                retracting.add(handle)
+        return StepInput(deltas, retracting)
 
 
 class OutputLog:

@@ -87,11 +87,11 @@ class Worker:
                         raise StepOrderError(f"told to stop at step {target}, but step {step} is already done")
                 try:
                     with pipeline.timed("read"):
-                        inputs = pipeline.inputs.read(step, timeout=self.poll, cancel=self._token)
+                        step_input = pipeline.inputs.read(step, timeout=self.poll, cancel=self._token)
                 except (CancelledError, InputTimeoutError):
                     continue  # look at the state again
                 with pipeline.timed("compute_and_write"):
-                    runner.step(inputs, pipeline.inputs.retracting(step))
+                    runner.step(step_input.deltas, step_input.retracting)
                 with pipeline.timed("output_commit"):
                     pipeline.outputs.write(step, pipeline.state.written_outputs)
                 failpoint("after_output", step)

@@ -268,7 +268,7 @@ def test_max_reads_no_values_while_the_input_only_inserts_and_is_right_after_a_r
         pipeline = Pipeline(spark, root, _max_price_circuit(), workers=2)  # a restart every step
         inputs = {"bids": from_rows(spark, rows, "auction bigint, price bigint")} if rows else {}
         pipeline.submit(step, inputs, [Range("b", 0, step, step + 1)])
-        assert pipeline.inputs.retracting(step) == ({"bids"} if step == 3 else set())
+        assert pipeline.inputs.read(step).retracting == ({"bids"} if step == 3 else set())
         pipeline.run()
         integral = Counter()
         for r in pipeline.read_outputs("top", 0, step).collect():
