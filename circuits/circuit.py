@@ -162,6 +162,7 @@ class Circuit:
             InMemoryStateStore(),
             Layout.balanced(self.vnodes, 1),
             {name: empty(spark, schema) for name, schema in self.inputs.items()},
+            empty_inputs=frozenset(self.inputs),
         )
         try:
             return {name: df.schema for name, df in self.plan(step).items()}

@@ -23,13 +23,16 @@ class StepContext:
     inputs: Mapping[str, DataFrame]
     append_only: frozenset[str] = frozenset()
     """Inputs that have never had a negative weight, this step included."""
+    empty_inputs: frozenset[str] = frozenset()
+    """Inputs the optimizer proves empty this step."""
     staged: dict[str, DataFrame] = field(default_factory=dict)
     shared: list[DataFrame] = field(default_factory=list)
 
     def share(self, df: DataFrame) -> DataFrame:
         """Caches ``df`` for the rest of the step (see :meth:`release`), unless it is
-        provably empty: a cache would hide that from the optimizer downstream."""
-        if is_empty(df):
+        provably empty: a cache would hide that from the optimizer downstream.  Only an
+        empty input can make it so, and proving it costs an optimizer pass."""
+        if self.empty_inputs and is_empty(df):
             return empty_like(df)
         self.shared.append(df.persist())
         return df
@@ -88,8 +91,8 @@ class NodeContext:
     ) -> DataFrame:
         """The consolidated rows of trace ``suffix`` whose vnode and ``keys`` occur in ``probe``.
 
-        Only these rows are read, never the whole trace: the probe is the step's delta,
-        so the cost follows the change.  ``null_safe`` makes null keys equal (grouping
+        The trace is filtered where it is read and only these rows are shuffled: the probe
+        is the step's delta, so the shuffle follows the change.  ``null_safe`` makes null keys equal (grouping
         semantics); otherwise null keys match nothing (join semantics).  The result
         carries a vnode column and is routed to the owning workers.
         """

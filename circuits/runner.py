@@ -113,7 +113,8 @@ class StepRunner:
             name: inputs[name] if name in inputs else empty(self.spark, schema)
             for name, schema in self.circuit.inputs.items()
         }
-        if self._empty_outputs is not None and all(is_empty(df) for df in full.values()):
+        empty_inputs = frozenset(name for name, df in full.items() if is_empty(df))
+        if self._empty_outputs is not None and len(empty_inputs) == len(full):
             nothing = {f"{OUTPUT}{n}": empty_like(self.spark.createDataFrame([], s)) for n, s in self._empty_outputs.items()}
             stored = self.store.materialize(nothing)
             return StepResult({name: stored[f"{OUTPUT}{name}"] for name in self._empty_outputs}, {})
@@ -122,7 +123,7 @@ class StepRunner:
         if retracting is None:
             retracting = _retracting({name: full[name] for name in self.append_only})
         append_only = self.append_only - set(retracting)
-        ctx = StepContext(self.spark, self.store, self.layout, full, append_only)
+        ctx = StepContext(self.spark, self.store, self.layout, full, append_only, empty_inputs)
         outputs = self.circuit.plan(ctx)
         parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
         parts.update({f"{STATE}{table}": df for table, df in ctx.staged.items()})
