@@ -130,7 +130,7 @@ class Circuit:
                 ctx = NodeContext(step, node.label, inputs_append_only)
                 delta = node.operator.evaluate(ctx, *(deltas[i] for i in node.inputs))
                 # Spark plans are trees: a delta read by several operators, or produced by a
-                # stateful one (whose plan is large), is cached so that later plans refer to it
+                # stateful one (whose plan is large), is shared so that later plans refer to it
                 # instead of copying its whole subtree.
                 if node.operator.stateful or consumers[node.id] > 1:
                     delta = step.share(delta)

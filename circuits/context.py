@@ -29,18 +29,25 @@ class StepContext:
     shared: list[DataFrame] = field(default_factory=list)
 
     def share(self, df: DataFrame) -> DataFrame:
-        """Caches ``df`` for the rest of the step (see :meth:`release`), unless it is
-        provably empty: a cache would hide that from the optimizer downstream.  Only an
-        empty input can make it so, and proving it costs an optimizer pass."""
+        """``df`` computed once for the rest of the step: a leaf that later plans refer to
+        instead of copying ``df``'s plan (whose analysis, planning and broadcasts would
+        then be paid once per copy).  Its rows are computed by the first job that needs
+        them and kept in the executors until :meth:`release`; losing an executor fails
+        the step, which is then run again from the checkpoint.
+
+        A provably empty ``df`` is returned as a provably empty relation instead: a leaf
+        would hide that from the optimizer downstream.  Only an empty input can make it
+        so, and proving it costs an optimizer pass."""
         if self.empty_inputs and is_empty(df):
             return empty_like(df)
-        self.shared.append(df.persist())
-        return df
+        cut = df.localCheckpoint(eager=False)
+        self.shared.append(cut)
+        return cut
 
     def release(self) -> None:
-        """Drops the step's caches: the next step must not see this step's values."""
+        """Drops the step's shared rows: the next step must not see this step's values."""
         for df in self.shared:
-            df.unpersist()
+            df._jdf.queryExecution().analyzed().rdd().unpersist(False)
         self.shared.clear()
 
 
@@ -63,6 +70,11 @@ class NodeContext:
 
     def table(self, suffix: str) -> str:
         return f"{self.label}.{suffix}"
+
+    def share(self, df: DataFrame) -> DataFrame:
+        """See :meth:`StepContext.share`: for a frame the node reads in several terms, each
+        of which would otherwise compute it again (a lookup: broadcast its keys, scan the trace)."""
+        return self.step.share(df)
 
     def keyed(self, df: DataFrame, keys: Sequence[str]) -> DataFrame:
         """``df`` with the vnode of ``keys``, routed to the worker owning it."""

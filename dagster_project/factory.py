@@ -130,7 +130,7 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
             bad = inspect.unconsolidated(changes)
             yield AssetCheckResult(asset_key=key, check_name="consolidated", passed=bad == 0, metadata={"bad_rows": bad})
             if name not in spec.bags:
-                bad = inspect.not_a_set(pipeline.outputs.read(name, 0, last))
+                bad = inspect.not_a_set(pipeline.outputs.read(name, 0, last), changes)
                 yield AssetCheckResult(asset_key=key, check_name="is_a_set", passed=bad == 0, metadata={"bad_rows": bad})
 
     return steps

@@ -1,10 +1,12 @@
 """Read-only facts about a pipeline's tables, for reports and checks.
 
 Row counts come from the Delta log's file statistics (no Spark job); the checks run one
-Spark aggregation each over the output log.
+Spark aggregation each over the output log (the set check: over the rows a step touched).
 """
 
 from __future__ import annotations
+
+from functools import reduce
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -38,9 +40,14 @@ def unconsolidated(changes: DataFrame) -> int:
     return grouped.where((F.col("n") > 1) | (F.col("w") == 0)).count()
 
 
-def not_a_set(changes: DataFrame) -> int:
-    """Rows whose integrated weight over ``changes`` (all steps so far) is not 0 or 1:
-    duplicates or negative rows in a view that must be a set."""
+def not_a_set(history: DataFrame, changes: DataFrame) -> int:
+    """Rows of ``changes`` whose integrated weight over ``history`` (every step so far)
+    is not 0 or 1: duplicates or negative rows in a view that must be a set.
+
+    Only the rows that ``changes`` touch are integrated: every other row kept the weight
+    an earlier check saw, so the check costs what the change does, not the whole log."""
     columns = [c for c in changes.columns if c not in (WEIGHT, STEP)]
-    integral = changes.groupBy(*columns).agg(F.sum(WEIGHT).alias("w"))
+    touched = changes.select(*columns).distinct()
+    same = reduce(lambda a, b: a & b, [history[c].eqNullSafe(touched[c]) for c in columns])
+    integral = history.join(F.broadcast(touched), same, "left_semi").groupBy(*columns).agg(F.sum(WEIGHT).alias("w"))
     return integral.where(~F.col("w").isin(0, 1)).count()

@@ -63,6 +63,8 @@ class Join(Operator):
         touched = add(d_left.select(PART, VNODE, *on), d_right.select(PART, VNODE, *on)).dropna(subset=on)
         old_left = ctx.lookup("left", touched, on, d_left, null_safe=False)
         old_right = ctx.lookup("right", touched, on, d_right, null_safe=False)
+        if self.how == "left":  # read by the inner terms and by the unmatched rows
+            old_left, old_right = ctx.share(old_left), ctx.share(old_right)
         ctx.stage("left", d_left)
         ctx.stage("right", d_right)
 

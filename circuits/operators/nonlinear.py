@@ -20,6 +20,12 @@ from ..zset import WEIGHT, add, data_columns, weight
 from .base import Operator
 
 
+# Every row of a step's keyed delta and of a lookup sits on the worker owning its vnode.
+# Grouping by the routing columns as well as the keys (which determine them) keeps rows
+# where they are: Spark then groups within partitions instead of shuffling again.
+_ROUTED = (PART, VNODE)
+
+
 def _positive(w: Column) -> Column:
     return F.when(w > 0, 1).otherwise(0)
 
@@ -43,10 +49,10 @@ class Distinct(Operator):
         old = ctx.lookup("trace", d, columns, d, null_safe=True)
         ctx.stage("trace", d)
         both = add(
-            d.select(*columns, weight().alias("_dw"), F.lit(0).cast("bigint").alias("_w0")),
-            old.select(*columns, F.lit(0).cast("bigint").alias("_dw"), weight().alias("_w0")),
+            d.select(*_ROUTED, *columns, weight().alias("_dw"), F.lit(0).cast("bigint").alias("_w0")),
+            old.select(*_ROUTED, *columns, F.lit(0).cast("bigint").alias("_dw"), weight().alias("_w0")),
         )
-        changed = both.groupBy(*columns).agg(F.sum("_w0").alias("_w0"), F.sum("_dw").alias("_dw"))
+        changed = both.groupBy(*_ROUTED, *columns).agg(F.sum("_w0").alias("_w0"), F.sum("_dw").alias("_dw"))
         change = _positive(F.col("_w0") + F.col("_dw")) - _positive(F.col("_w0"))
         return changed.select(*columns, change.cast("bigint").alias(WEIGHT)).where(weight() != 0)
 
@@ -104,7 +110,7 @@ class Aggregate(Operator):
             *[p.alias(name) for i, (_, a) in enumerate(self.aggs) for name, p in _partials(i, a).items()],
         )
         template = self._state_template(partial, d)
-        before = ctx.lookup("groups", partial, keys, template, null_safe=True)
+        before = ctx.share(ctx.lookup("groups", partial, keys, template, null_safe=True))
         # Each contribution is a set of per-group rows; summed (or min/max-ed) per group they
         # give the accumulators after the step.  While the input only inserts, a group's new
         # min/max is the old one against the delta's: no need to read the group's values.
@@ -127,7 +133,7 @@ class Aggregate(Operator):
         state_columns = [c for c in template.columns if c not in (*keys, PART, VNODE, WEIGHT)]
         after = (
             reduce(DataFrame.unionByName, contributions)
-            .groupBy(*keys)
+            .groupBy(*_ROUTED, *keys)
             .agg(*[self._combine(c) for c in state_columns])
             .where(F.col(_ROWS) != 0)
         )
@@ -135,11 +141,16 @@ class Aggregate(Operator):
             "groups",
             add(
                 before.select(VNODE, *keys, *state_columns, (-weight()).alias(WEIGHT)),
-                ctx.keyed(after, keys).select(VNODE, *keys, *state_columns, F.lit(1).cast("bigint").alias(WEIGHT)),
+                after.select(VNODE, *keys, *state_columns, F.lit(1).cast("bigint").alias(WEIGHT)),
             ),
         )
         result = add(self._result(after, 1), self._result(before, -1))
-        return result.groupBy(*result.columns[:-1]).agg(F.sum(WEIGHT).alias(WEIGHT)).where(weight() != 0)
+        return (
+            result.groupBy(*result.columns[:-1])
+            .agg(F.sum(WEIGHT).alias(WEIGHT))
+            .where(weight() != 0)
+            .drop(PART)
+        )
 
     def _state_template(self, partial: DataFrame, d: DataFrame) -> DataFrame:
         """The shape of a group's state row, as a zero-row DataFrame."""
@@ -174,18 +185,18 @@ class Aggregate(Operator):
     def _extremes(self, column: str, keys: list[str], values: DataFrame, template: DataFrame) -> DataFrame:
         """min/max of ``column`` over the rows of the touched groups after the step."""
         present = (
-            values.groupBy(*keys, column)
+            values.groupBy(*_ROUTED, *keys, column)
             .agg(F.sum(WEIGHT).alias(WEIGHT))
             .where((weight() > 0) & F.col(column).isNotNull())
         )
-        per_group = present.groupBy(*keys).agg(
+        per_group = present.groupBy(*_ROUTED, *keys).agg(
             *[
                 _EXTREMES[a.kind](column).alias(f"_a{i}")
                 for i, (_, a) in enumerate(self.aggs)
                 if a.kind in _EXTREMES and a.column == column
             ]
         )
-        return _shape(per_group, template, keys, {c: F.col(c) for c in per_group.columns if c not in keys})
+        return _shape(per_group, template, keys, {c: F.col(c) for c in per_group.columns})
 
     def _distinct_counts(
         self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame, template: DataFrame
@@ -199,20 +210,20 @@ class Aggregate(Operator):
         old = ctx.lookup(f"values.{column}", pairs, [*keys, column], values, null_safe=True)
         zero = F.lit(0).cast("bigint")
         both = add(
-            pairs.select(*keys, column, zero.alias(_W0), weight().alias(_DW)),
-            old.select(*keys, column, weight().alias(_W0), zero.alias(_DW)),
+            pairs.select(*_ROUTED, *keys, column, zero.alias(_W0), weight().alias(_DW)),
+            old.select(*_ROUTED, *keys, column, weight().alias(_W0), zero.alias(_DW)),
         )
         crossing = _positive(F.sum(_W0) + F.sum(_DW)) - _positive(F.sum(_W0))
-        per_pair = both.groupBy(*keys, column).agg(crossing.alias("_change"))
+        per_pair = both.groupBy(*_ROUTED, *keys, column).agg(crossing.alias("_change"))
         change = F.sum("_change").cast("bigint")
-        per_group = per_pair.groupBy(*keys).agg(
+        per_group = per_pair.groupBy(*_ROUTED, *keys).agg(
             *[
                 change.alias(f"_a{i}")
                 for i, (_, a) in enumerate(self.aggs)
                 if a.kind == "count_distinct" and a.column == column
             ]
         )
-        return _shape(per_group, template, keys, {c: F.col(c) for c in per_group.columns if c not in keys})
+        return _shape(per_group, template, keys, {c: F.col(c) for c in per_group.columns})
 
     def _result(self, state: DataFrame, sign: int) -> DataFrame:
         """The visible rows (groups with rows) of a state, with weight ``sign``."""
@@ -226,7 +237,7 @@ class Aggregate(Operator):
             else:
                 values.append(acc.alias(name))
         return state.where(F.col(_ROWS) > 0).select(
-            *self.keys, *values, F.lit(sign).cast("bigint").alias(WEIGHT)
+            PART, *self.keys, *values, F.lit(sign).cast("bigint").alias(WEIGHT)
         )
 
 
@@ -245,8 +256,9 @@ def _partials(i: int, a: Agg) -> dict[str, Column]:
 
 
 def _shape(df: DataFrame, template: DataFrame, keys: list[str], provided: dict[str, Column]) -> DataFrame:
-    """``df`` as per-group rows of the template's state columns: ``provided`` filled, the rest null."""
-    columns = [F.col(k) for k in keys]
+    """``df`` as per-group rows (with their routing columns) of the template's state
+    columns: ``provided`` filled, the rest null."""
+    columns = [F.col(k) for k in (*_ROUTED, *keys)]
     for field in template.schema.fields:
         if field.name in (PART, VNODE, WEIGHT, *keys):
             continue
