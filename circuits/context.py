@@ -101,25 +101,36 @@ class NodeContext:
         *,
         null_safe: bool,
     ) -> DataFrame:
-        """The consolidated rows of trace ``suffix`` whose vnode and ``keys`` occur in ``probe``.
+        """The consolidated rows of trace ``suffix`` whose vnode and ``keys`` occur in ``probe``
+        (which carries the routing columns: it is keyed).
 
-        The trace is filtered where it is read and only these rows are shuffled: the probe
-        is the step's delta, so the shuffle follows the change.  ``null_safe`` makes null keys equal (grouping
-        semantics); otherwise null keys match nothing (join semantics).  The result
-        carries a vnode column and is routed to the owning workers.
+        Only these rows are shuffled, unless the trace is small (see
+        :meth:`~circuits.state.StateStore.is_small`).  ``null_safe`` makes null keys equal
+        (grouping semantics); otherwise null keys match nothing (join semantics).  The
+        result carries the routing columns and sits on the owning workers.
         """
-        trace = self.step.store.scan(self.table(suffix))
+        table = self.table(suffix)
+        trace = self.step.store.scan(table)
         if trace is None:
             return self.keyed_empty(template)
-        wanted = probe.select(F.col(VNODE).alias("_p_vnode"), *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)])
+        wanted = probe.select(
+            F.col(PART).alias("_p_part"), F.col(VNODE).alias("_p_vnode"), *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)]
+        )
+        small = self.step.store.is_small(table)
+        if small:
+            trace = exchange(trace, self.layout)
         condition = trace[VNODE] == wanted["_p_vnode"]
         for i, k in enumerate(keys):
             condition = condition & _equal(trace[k], wanted[f"_p_{i}"], null_safe)
+        if small:
+            # Both sides now sit on the workers owning their vnodes: the semi-join runs in
+            # place, within the step's job.
+            return consolidate(trace.join(wanted, condition & (trace[PART] == wanted["_p_part"]), "left_semi"))
         # The step's keys are the small side: broadcast them and filter the trace where it
         # is read, so only the matching rows (as many as the change touches) are shuffled
         # to their owners, never the whole trace.  Consolidating with the partition column
         # among the keys then keeps the rows where the exchange put them.
-        matched = trace.join(F.broadcast(wanted), condition, "left_semi")
+        matched = trace.join(F.broadcast(wanted.drop("_p_part")), condition, "left_semi")
         return consolidate(exchange(matched, self.layout))
 
     def keyed_empty(self, template: DataFrame) -> DataFrame:

@@ -44,6 +44,13 @@ class StateStore(ABC):
     def scan(self, table: str) -> DataFrame | None:
         """The trace ``table`` as of the last applied step (not necessarily consolidated), or None."""
 
+    def is_small(self, table: str) -> bool:
+        """Whether trace ``table`` is small enough for a lookup to shuffle it whole to the
+        step's keys, within the step's job, rather than filter it by a broadcast of the
+        keys, which costs a Spark job of its own before the step's.  Known without a job,
+        or False."""
+        return False
+
     @abstractmethod
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
         """Runs the step's single job over every destination and returns each one's stored result.
@@ -67,14 +74,19 @@ class InMemoryStateStore(StateStore):
     """Traces as lists of checkpointed Spark DataFrames, consolidated every few steps.
 
     Lives in the executors' block managers of one SparkSession; nothing survives the
-    process.  For tests of the engine only.
+    process.  For tests of the engine only: ``small_traces`` says which way lookups read
+    every trace (see :meth:`StateStore.is_small`), so that tests can cover both.
     """
 
-    def __init__(self, compact_every: int = 8, partitions: int = 2) -> None:
+    def __init__(self, compact_every: int = 8, partitions: int = 2, small_traces: bool = False) -> None:
         self._parts: dict[str, list[DataFrame]] = {}
         self._meta: dict[str, str] = {}
         self._compact_every = compact_every
         self._partitions = partitions
+        self._small_traces = small_traces
+
+    def is_small(self, table: str) -> bool:
+        return self._small_traces
 
     def scan(self, table: str) -> DataFrame | None:
         parts = self._parts.get(table)

@@ -60,6 +60,11 @@ _CHECKPOINT_SCHEMA = pa.schema(
 )
 
 
+SMALL_TRACE_ROWS = 10_000
+"""A trace of at most this many rows (by its files' statistics) is shuffled whole to a
+step's keys: that costs less than the broadcast job that would filter it."""
+
+
 class DeltaStateStore(StateStore):
     """State tables on Delta Lake with the seed's ``versions/open/commit/get_step/set_step``.
 
@@ -177,6 +182,12 @@ class DeltaStateStore(StateStore):
         if not files:
             return None
         return read_files(self.spark, self._uri(table), table_schema(delta), files, self._tables[table])
+
+    def is_small(self, table: str) -> bool:
+        if table not in self._tables:
+            return False
+        rows = add_actions(open_table(self._uri(table), self._tables[table])).column("num_records").to_pylist()
+        return None not in rows and sum(rows) <= SMALL_TRACE_ROWS
 
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
         targets = {}
