@@ -134,10 +134,13 @@ class NodeContext:
         return consolidate(exchange(matched, self.layout))
 
     def keyed_empty(self, template: DataFrame) -> DataFrame:
+        """A lookup result with no rows, routed like any other: frames that mix it with
+        keyed ones (shared ones included) stay partitioned by worker, so groupings over
+        them stay in place and state files keep one worker's vnodes each."""
         empty = empty_like(template)
         if VNODE not in empty.columns:
             empty = empty.withColumn(VNODE, F.lit(0))
-        return empty.withColumn(PART, F.lit(0))
+        return exchange(empty, self.layout)
 
 
 def _equal(a: Column, b: Column, null_safe: bool) -> Column:
