@@ -47,7 +47,9 @@ class StepContext:
     def release(self) -> None:
         """Drops the step's shared rows: the next step must not see this step's values."""
         for df in self.shared:
-            df._jdf.queryExecution().analyzed().rdd().unpersist(False)
+            # A local checkpoint's rows are blocks of the RDD under its plan's leaf;
+            # DataFrame.unpersist does not reach them (no public API does).
+            df._jdf.queryExecution().analyzed().rdd().unpersist(False)  # noqa: SLF001
         self.shared.clear()
 
 
