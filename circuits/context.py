@@ -118,21 +118,18 @@ class NodeContext:
         wanted = probe.select(
             F.col(PART).alias("_p_part"), F.col(VNODE).alias("_p_vnode"), *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)]
         )
-        small = self.step.store.is_small(table)
-        if small:
+        if self.step.store.is_small(table):
+            # Route the whole trace: both sides then sit on the workers owning their
+            # vnodes, and the semi-join runs in place, within the step's job.
             trace = exchange(trace, self.layout)
-        condition = trace[VNODE] == wanted["_p_vnode"]
-        for i, k in enumerate(keys):
-            condition = condition & _equal(trace[k], wanted[f"_p_{i}"], null_safe)
-        if small:
-            # Both sides now sit on the workers owning their vnodes: the semi-join runs in
-            # place, within the step's job.
-            return consolidate(trace.join(wanted, condition & (trace[PART] == wanted["_p_part"]), "left_semi"))
+            condition = _matching(trace, wanted, keys, null_safe) & (trace[PART] == wanted["_p_part"])
+            return consolidate(trace.join(wanted, condition, "left_semi"))
         # The step's keys are the small side: broadcast them and filter the trace where it
         # is read, so only the matching rows (as many as the change touches) are shuffled
         # to their owners, never the whole trace.  Consolidating with the partition column
         # among the keys then keeps the rows where the exchange put them.
-        matched = trace.join(F.broadcast(wanted.drop("_p_part")), condition, "left_semi")
+        wanted = wanted.drop("_p_part")
+        matched = trace.join(F.broadcast(wanted), _matching(trace, wanted, keys, null_safe), "left_semi")
         return consolidate(exchange(matched, self.layout))
 
     def keyed_empty(self, template: DataFrame) -> DataFrame:
@@ -143,6 +140,14 @@ class NodeContext:
         if VNODE not in empty.columns:
             empty = empty.withColumn(VNODE, F.lit(0))
         return exchange(empty, self.layout)
+
+
+def _matching(trace: DataFrame, wanted: DataFrame, keys: Sequence[str], null_safe: bool) -> Column:
+    """Whether a ``trace`` row has the vnode and ``keys`` of a ``wanted`` row."""
+    condition = trace[VNODE] == wanted["_p_vnode"]
+    for i, k in enumerate(keys):
+        condition = condition & _equal(trace[k], wanted[f"_p_{i}"], null_safe)
+    return condition
 
 
 def _equal(a: Column, b: Column, null_safe: bool) -> Column:

@@ -19,7 +19,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import pyarrow as pa
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -81,6 +81,7 @@ class DeltaStateStore(StateStore):
         self._opened_log = None
         self._step = 0
         self._tables: dict[str, int] = {}
+        self._opened: dict[str, tuple[int, DeltaTable]] = {}
         self._meta: dict[str, str] = {}
         self.written_outputs: dict[str, WrittenFiles] = {}
         self._pending: dict[str, WrittenFiles] = {}
@@ -172,12 +173,22 @@ class DeltaStateStore(StateStore):
         base = os.path.join(self.root, "state")
         return sorted(os.listdir(base)) if os.path.isdir(base) else []
 
+    def _pinned(self, table: str) -> DeltaTable:
+        """Trace ``table`` at the version this state pins, opened once per version (a
+        version never changes, and a step asks for it in several places)."""
+        version = self._tables[table]
+        cached = self._opened.get(table)
+        if cached is None or cached[0] != version:
+            delta = open_table(self._uri(table), version)
+            if delta is None:
+                raise CorruptTableError(f"state table {self._uri(table)} is missing")
+            cached = self._opened[table] = (version, delta)
+        return cached[1]
+
     def scan(self, table: str) -> DataFrame | None:
         if table not in self._tables:
             return None
-        delta = open_table(self._uri(table), self._tables[table])
-        if delta is None:
-            raise CorruptTableError(f"state table {self._uri(table)} is missing")
+        delta = self._pinned(table)
         files = delta.file_uris()
         if not files:
             return None
@@ -186,7 +197,7 @@ class DeltaStateStore(StateStore):
     def is_small(self, table: str) -> bool:
         if table not in self._tables:
             return False
-        rows = add_actions(open_table(self._uri(table), self._tables[table])).column("num_records").to_pylist()
+        rows = add_actions(self._pinned(table)).column("num_records").to_pylist()
         return None not in rows and sum(rows) <= SMALL_TRACE_ROWS
 
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
