@@ -24,6 +24,10 @@ ENGINE_CONF = {
     # operators multiply those copies.
     "spark.sql.optimizer.pushDownJoinThroughUnion.enabled": "false",
     "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.PushDownLeftSemiAntiJoin",
+    # PySpark records the Python call site of every Column and DataFrame call for Spark's
+    # error messages: a stack walk, a failed IPython import and four JVM calls each, which
+    # made up most of a step's planning.  The engine names the user's call site itself.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 
