@@ -125,13 +125,14 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         for name, key in keys.items():
             rows_out = inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)
             yield MaterializeResult(asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out)})
+        checks = {}
         for name, key in keys.items():
             changes = pipeline.outputs.read(name, first, last)
-            bad = inspect.unconsolidated(changes)
-            yield AssetCheckResult(asset_key=key, check_name="consolidated", passed=bad == 0, metadata={"bad_rows": bad})
+            checks[key, "consolidated"] = inspect.unconsolidated(changes)
             if name not in spec.bags:
-                bad = inspect.not_a_set(pipeline.outputs.read(name, 0, last), changes)
-                yield AssetCheckResult(asset_key=key, check_name="is_a_set", passed=bad == 0, metadata={"bad_rows": bad})
+                checks[key, "is_a_set"] = inspect.not_a_set(pipeline.outputs.read(name, 0, last), changes)
+        for (key, check), bad in inspect.count_each(checks).items():
+            yield AssetCheckResult(asset_key=key, check_name=check, passed=bad == 0, metadata={"bad_rows": bad})
 
     return steps
 

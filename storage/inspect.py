@@ -1,12 +1,14 @@
 """Read-only facts about a pipeline's tables, for reports and checks.
 
-Row counts come from the Delta log's file statistics (no Spark job); the checks run one
-Spark aggregation each over the output log (the set check: over the rows a step touched).
+Row counts come from the Delta log's file statistics (no Spark job); the checks are
+queries for the bad rows of an output log (the set check: among the rows a step touched),
+all counted by one Spark job with :func:`count_each`.
 """
 
 from __future__ import annotations
 
 from functools import reduce
+from typing import TypeVar
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -15,6 +17,8 @@ from circuits.zset import WEIGHT
 
 from .delta import add_actions, delta_tables, open_table
 from .logs import STEP, files_of_steps
+
+K = TypeVar("K")
 
 
 def rows_of_steps(uri: str, first: int, last: int) -> int:
@@ -32,15 +36,25 @@ def size(uri: str) -> tuple[int, int]:
     return rows, nbytes
 
 
-def unconsolidated(changes: DataFrame) -> int:
+def count_each(queries: dict[K, DataFrame]) -> dict[K, int]:
+    """The number of rows of each query, with one Spark job for all of them."""
+    if not queries:
+        return {}
+    keys = list(queries)
+    counted = [df.select(F.lit(i).alias("_query")) for i, df in enumerate(queries.values())]
+    counts = dict(reduce(DataFrame.unionByName, counted).groupBy("_query").count().collect())
+    return {key: counts.get(i, 0) for i, key in enumerate(keys)}
+
+
+def unconsolidated(changes: DataFrame) -> DataFrame:
     """Rows of a step-keyed change log that break consolidation: a zero weight, or the
     same row twice in one step."""
     columns = [c for c in changes.columns if c != WEIGHT]
     grouped = changes.groupBy(*columns).agg(F.count(F.lit(1)).alias("n"), F.min(F.abs(WEIGHT)).alias("w"))
-    return grouped.where((F.col("n") > 1) | (F.col("w") == 0)).count()
+    return grouped.where((F.col("n") > 1) | (F.col("w") == 0))
 
 
-def not_a_set(history: DataFrame, changes: DataFrame) -> int:
+def not_a_set(history: DataFrame, changes: DataFrame) -> DataFrame:
     """Rows of ``changes`` whose integrated weight over ``history`` (every step so far)
     is not 0 or 1: duplicates or negative rows in a view that must be a set.
 
@@ -50,4 +64,4 @@ def not_a_set(history: DataFrame, changes: DataFrame) -> int:
     touched = changes.select(*columns).distinct()
     same = reduce(lambda a, b: a & b, [history[c].eqNullSafe(touched[c]) for c in columns])
     integral = history.join(F.broadcast(touched), same, "left_semi").groupBy(*columns).agg(F.sum(WEIGHT).alias("w"))
-    return integral.where(~F.col("w").isin(0, 1)).count()
+    return integral.where(~F.col("w").isin(0, 1))

@@ -1,6 +1,6 @@
 """The asset checks' queries over an output log."""
 
-from storage.inspect import not_a_set, unconsolidated
+from storage.inspect import count_each, not_a_set, unconsolidated
 
 COLUMNS = "k string, v long, _weight long, _step long"
 
@@ -12,14 +12,25 @@ def test_not_a_set_integrates_the_touched_rows_over_the_whole_log(spark):
     )
     step = lambda s: history.where(history._step == s)  # noqa: E731
     # Step 1 made "a" a duplicate (weight 2); "b" (a null value) left, which is fine.
-    assert not_a_set(history.where("_step <= 1"), step(1)) == 1
+    assert not_a_set(history.where("_step <= 1"), step(1)).count() == 1
     # Step 2 touched "b" (back to 1), "d" (new) and an all-null row, twice: one bad row.
     # "c" was broken at step 0, which the check of step 0 reports; a later check reads
     # only the rows its steps touch.
-    assert not_a_set(history, step(2)) == 1
-    assert not_a_set(history.where("_step = 0"), step(0)) == 1
+    assert not_a_set(history, step(2)).count() == 1
+    assert not_a_set(history.where("_step = 0"), step(0)).count() == 1
 
 
 def test_unconsolidated_finds_zero_weights_and_repeated_rows_of_a_step(spark):
     changes = spark.createDataFrame([("a", 1, 1, 0), ("a", 1, 1, 0), ("b", 2, 0, 0), ("c", 3, 1, 0)], COLUMNS)
-    assert unconsolidated(changes) == 2
+    assert unconsolidated(changes).count() == 2
+
+
+def test_count_each_counts_every_query_with_one_job(spark):
+    rows = spark.range(10)
+    queries = {"all": rows, "odd": rows.where("id % 2 = 1"), "none": rows.where("id < 0"), "big": rows.where("id > 6")}
+    spark.sparkContext.setJobGroup("count_each", "count_each")
+    try:
+        assert count_each(queries) == {"all": 10, "odd": 5, "none": 0, "big": 3}
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup("count_each")) == 1
