@@ -118,22 +118,27 @@ class Circuit:
         """
         deltas: dict[int, DataFrame] = {}
         append_only: dict[int, bool] = {}
+        may_be_empty: dict[int, bool] = {}
         consumers = Counter(i for node in self.nodes for i in node.inputs)
         for node in self.nodes:
             inputs_append_only = bool(node.inputs) and all(append_only[i] for i in node.inputs)
+            is_input = isinstance(node.operator, ops.Input)
             append_only[node.id] = (
                 node.operator.handle in step.append_only
-                if isinstance(node.operator, ops.Input)
+                if is_input
                 else node.operator.keeps_append_only and inputs_append_only
             )
+            may_be_empty[node.id] = (
+                node.operator.handle in step.empty_inputs if is_input else all(may_be_empty[i] for i in node.inputs)
+            )
             try:
-                ctx = NodeContext(step, node.label, inputs_append_only)
+                ctx = NodeContext(step, node.label, inputs_append_only, may_be_empty[node.id])
                 delta = node.operator.evaluate(ctx, *(deltas[i] for i in node.inputs))
                 # Spark plans are trees: a delta read by several operators, or produced by a
                 # stateful one (whose plan is large), is shared so that later plans refer to it
                 # instead of copying its whole subtree.
                 if node.operator.stateful or consumers[node.id] > 1:
-                    delta = step.share(delta)
+                    delta = ctx.share(delta)
                 deltas[node.id] = delta
             except (AnalysisException, ExpressionError) as e:
                 reason = str(e).strip().splitlines()[0]

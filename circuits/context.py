@@ -28,17 +28,17 @@ class StepContext:
     staged: dict[str, DataFrame] = field(default_factory=dict)
     shared: list[DataFrame] = field(default_factory=list)
 
-    def share(self, df: DataFrame) -> DataFrame:
+    def share(self, df: DataFrame, may_be_empty: bool) -> DataFrame:
         """``df`` computed once for the rest of the step: a leaf that later plans refer to
         instead of copying ``df``'s plan (whose analysis, planning and broadcasts would
         then be paid once per copy).  Its rows are computed by the first job that needs
         them and kept in the executors until :meth:`release`; losing an executor fails
         the step, which is then run again from the checkpoint.
 
-        A provably empty ``df`` is returned as a provably empty relation instead: a leaf
-        would hide that from the optimizer downstream.  Only an empty input can make it
-        so, and proving it costs an optimizer pass."""
-        if self.empty_inputs and is_empty(df):
+        When ``may_be_empty``, a provably empty ``df`` is returned as a provably empty
+        relation instead: a leaf would hide that from the optimizer downstream.  Proving
+        it costs an optimizer pass, worth it only where empty inputs feed ``df``."""
+        if may_be_empty and is_empty(df):
             return empty_like(df)
         cut = df.localCheckpoint(eager=False)
         self.shared.append(cut)
@@ -62,6 +62,9 @@ class NodeContext:
     append_only: bool = False
     """Every input stream of the node has only ever inserted rows (this step included), so
     its integral is a relation and this step's delta has no negative weight."""
+    may_be_empty: bool = True
+    """Every input stream of the node comes only from inputs that are empty this step, so
+    the optimizer may prove the node's frames empty."""
 
     @property
     def layout(self) -> Layout:
@@ -76,7 +79,7 @@ class NodeContext:
     def share(self, df: DataFrame) -> DataFrame:
         """See :meth:`StepContext.share`: for a frame the node reads in several terms, each
         of which would otherwise compute it again (a lookup: broadcast its keys, scan the trace)."""
-        return self.step.share(df)
+        return self.step.share(df, self.may_be_empty)
 
     def keyed(self, df: DataFrame, keys: Sequence[str]) -> DataFrame:
         """``df`` with the vnode of ``keys``, routed to the worker owning it."""

@@ -20,6 +20,11 @@ from .errors import CircuitDefinitionError
 
 VNODE = "_vnode"
 PART = "_part"
+ROUTED = (PART, VNODE)
+"""The routing columns of a keyed frame.  Every row of a keyed delta or lookup sits on the
+worker owning its vnode; keys determine both columns, so joining or grouping by them as
+well as the keys changes no result, and tells Spark the rows already sit where they must:
+it then works within partitions instead of shuffling again."""
 DEFAULT_VNODES = 256
 UNIT_VNODES = 4
 

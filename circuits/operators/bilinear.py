@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from ..context import NodeContext
 from ..errors import ExpressionError
-from ..sharding import PART, VNODE
+from ..sharding import ROUTED
 from ..zset import WEIGHT, add, data_columns, weight
 from .base import Operator
 
@@ -60,7 +60,7 @@ class Join(Operator):
             )
         d_left = ctx.keyed(left, on)
         d_right = ctx.keyed(right, on)
-        touched = add(d_left.select(PART, VNODE, *on), d_right.select(PART, VNODE, *on)).dropna(subset=on)
+        touched = add(d_left.select(*ROUTED, *on), d_right.select(*ROUTED, *on)).dropna(subset=on)
         old_left = ctx.lookup("left", touched, on, d_left, null_safe=False)
         old_right = ctx.lookup("right", touched, on, d_right, null_safe=False)
         if self.how == "left":  # read by the inner terms and by the unmatched rows
@@ -80,7 +80,7 @@ class Join(Operator):
 
 def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, right_only) -> DataFrame:
     """The change in left rows that have no match, padded with nulls on the right."""
-    keys = [PART, VNODE, *on]
+    keys = [*ROUTED, *on]
     left_columns = [*on, *left_only]
     null_key = reduce(lambda a, b: a | b, [F.col(k).isNull() for k in on])
     after = add(old_left, d_left.where(~null_key)).join(_matched_keys(add(old_right, d_right), on), keys, "left_anti")
@@ -98,14 +98,14 @@ def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, right_
 def _matched_keys(right: DataFrame, on: list[str]) -> DataFrame:
     """Keys with a positive total weight on the right: the keys that have a match."""
     return (
-        right.groupBy(PART, VNODE, *on)
+        right.groupBy(*ROUTED, *on)
         .agg(F.sum(WEIGHT).alias(WEIGHT))
         .where(weight() > 0)
-        .select(PART, VNODE, *on)
+        .select(*ROUTED, *on)
     )
 
 
 def _inner(left: DataFrame, right: DataFrame, on: list[str], columns: list[str]) -> DataFrame:
     right = right.withColumnRenamed(WEIGHT, _RIGHT_WEIGHT)
-    joined = left.join(right, [PART, VNODE, *on], "inner")
+    joined = left.join(right, [*ROUTED, *on], "inner")
     return joined.select(*columns, (weight() * F.col(_RIGHT_WEIGHT)).alias(WEIGHT))

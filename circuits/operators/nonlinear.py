@@ -15,15 +15,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ..context import NodeContext
-from ..sharding import PART, VNODE
+from ..sharding import PART, ROUTED, VNODE
 from ..zset import WEIGHT, add, data_columns, weight
 from .base import Operator
 
-
-# Every row of a step's keyed delta and of a lookup sits on the worker owning its vnode.
-# Grouping by the routing columns as well as the keys (which determine them) keeps rows
-# where they are: Spark then groups within partitions instead of shuffling again.
-_ROUTED = (PART, VNODE)
 
 
 def _positive(w: Column) -> Column:
@@ -45,14 +40,14 @@ class Distinct(Operator):
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
         columns = data_columns(delta)
         d = ctx.keyed(delta, columns)
-        d = d.groupBy(PART, VNODE, *columns).agg(F.sum(WEIGHT).alias(WEIGHT))
+        d = d.groupBy(*ROUTED, *columns).agg(F.sum(WEIGHT).alias(WEIGHT))
         old = ctx.lookup("trace", d, columns, d, null_safe=True)
         ctx.stage("trace", d)
         both = add(
-            d.select(*_ROUTED, *columns, weight().alias("_dw"), F.lit(0).cast("bigint").alias("_w0")),
-            old.select(*_ROUTED, *columns, F.lit(0).cast("bigint").alias("_dw"), weight().alias("_w0")),
+            d.select(*ROUTED, *columns, weight().alias("_dw"), F.lit(0).cast("bigint").alias("_w0")),
+            old.select(*ROUTED, *columns, F.lit(0).cast("bigint").alias("_dw"), weight().alias("_w0")),
         )
-        changed = both.groupBy(*_ROUTED, *columns).agg(F.sum("_w0").alias("_w0"), F.sum("_dw").alias("_dw"))
+        changed = both.groupBy(*ROUTED, *columns).agg(F.sum("_w0").alias("_w0"), F.sum("_dw").alias("_dw"))
         change = _positive(F.col("_w0") + F.col("_dw")) - _positive(F.col("_w0"))
         return changed.select(*columns, change.cast("bigint").alias(WEIGHT)).where(weight() != 0)
 
@@ -105,7 +100,7 @@ class Aggregate(Operator):
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
         keys = list(self.keys)
         d = ctx.keyed(delta, keys)
-        partial = d.groupBy(PART, VNODE, *keys).agg(
+        partial = d.groupBy(*ROUTED, *keys).agg(
             F.sum(WEIGHT).alias(_ROWS),
             *[p.alias(name) for i, (_, a) in enumerate(self.aggs) for name, p in _partials(i, a).items()],
         )
@@ -117,10 +112,10 @@ class Aggregate(Operator):
         kept = [_ROWS, *self._additive_columns(), *(self._extreme_columns() if ctx.append_only else [])]
         contributions = [
             _shape(before, template, keys, {c: F.col(c) for c in kept}),
-            _shape(partial, template, keys, {c: F.col(c) for c in partial.columns if c not in (PART, VNODE, *keys)}),
+            _shape(partial, template, keys, {c: F.col(c) for c in partial.columns if c not in (*ROUTED, *keys)}),
         ]
         for column in sorted({a.column for _, a in self.aggs if a.kind in (*_EXTREMES, "count_distinct")}):
-            values = d.select(PART, VNODE, *keys, column, weight())
+            values = d.select(*ROUTED, *keys, column, weight())
             if any(a.kind in _EXTREMES and a.column == column for _, a in self.aggs):
                 group_values = values
                 if not ctx.append_only:
@@ -130,10 +125,10 @@ class Aggregate(Operator):
             if any(a.kind == "count_distinct" and a.column == column for _, a in self.aggs):
                 contributions.append(self._distinct_counts(ctx, column, keys, values, template))
             ctx.stage(f"values.{column}", values)
-        state_columns = [c for c in template.columns if c not in (*keys, PART, VNODE, WEIGHT)]
+        state_columns = [c for c in template.columns if c not in (*keys, *ROUTED, WEIGHT)]
         after = (
             reduce(DataFrame.unionByName, contributions)
-            .groupBy(*_ROUTED, *keys)
+            .groupBy(*ROUTED, *keys)
             .agg(*[self._combine(c) for c in state_columns])
             .where(F.col(_ROWS) != 0)
         )
@@ -185,11 +180,11 @@ class Aggregate(Operator):
     def _extremes(self, column: str, keys: list[str], values: DataFrame, template: DataFrame) -> DataFrame:
         """min/max of ``column`` over the rows of the touched groups after the step."""
         present = (
-            values.groupBy(*_ROUTED, *keys, column)
+            values.groupBy(*ROUTED, *keys, column)
             .agg(F.sum(WEIGHT).alias(WEIGHT))
             .where((weight() > 0) & F.col(column).isNotNull())
         )
-        per_group = present.groupBy(*_ROUTED, *keys).agg(
+        per_group = present.groupBy(*ROUTED, *keys).agg(
             *[
                 _EXTREMES[a.kind](column).alias(f"_a{i}")
                 for i, (_, a) in enumerate(self.aggs)
@@ -204,19 +199,19 @@ class Aggregate(Operator):
         """Per touched group, the number of values that appear minus those that disappear."""
         pairs = (
             values.where(F.col(column).isNotNull())
-            .groupBy(PART, VNODE, *keys, column)
+            .groupBy(*ROUTED, *keys, column)
             .agg(F.sum(WEIGHT).alias(WEIGHT))
         )
         old = ctx.lookup(f"values.{column}", pairs, [*keys, column], values, null_safe=True)
         zero = F.lit(0).cast("bigint")
         both = add(
-            pairs.select(*_ROUTED, *keys, column, zero.alias(_W0), weight().alias(_DW)),
-            old.select(*_ROUTED, *keys, column, weight().alias(_W0), zero.alias(_DW)),
+            pairs.select(*ROUTED, *keys, column, zero.alias(_W0), weight().alias(_DW)),
+            old.select(*ROUTED, *keys, column, weight().alias(_W0), zero.alias(_DW)),
         )
         crossing = _positive(F.sum(_W0) + F.sum(_DW)) - _positive(F.sum(_W0))
-        per_pair = both.groupBy(*_ROUTED, *keys, column).agg(crossing.alias("_change"))
+        per_pair = both.groupBy(*ROUTED, *keys, column).agg(crossing.alias("_change"))
         change = F.sum("_change").cast("bigint")
-        per_group = per_pair.groupBy(*_ROUTED, *keys).agg(
+        per_group = per_pair.groupBy(*ROUTED, *keys).agg(
             *[
                 change.alias(f"_a{i}")
                 for i, (_, a) in enumerate(self.aggs)
@@ -258,9 +253,9 @@ def _partials(i: int, a: Agg) -> dict[str, Column]:
 def _shape(df: DataFrame, template: DataFrame, keys: list[str], provided: dict[str, Column]) -> DataFrame:
     """``df`` as per-group rows (with their routing columns) of the template's state
     columns: ``provided`` filled, the rest null."""
-    columns = [F.col(k) for k in (*_ROUTED, *keys)]
+    columns = [F.col(k) for k in (*ROUTED, *keys)]
     for field in template.schema.fields:
-        if field.name in (PART, VNODE, WEIGHT, *keys):
+        if field.name in (*ROUTED, WEIGHT, *keys):
             continue
         value = provided.get(field.name, F.lit(None))
         columns.append(value.cast(field.dataType).alias(field.name))
