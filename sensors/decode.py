@@ -16,6 +16,7 @@ from functools import partial
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -164,13 +165,15 @@ def _read_range(consumer: Consumer, task: dict, fields: Fields, timeout: float) 
 
 
 def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, Fields], timeout: float,
-                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` body, run on an executor: one batch of rows per range it is given."""
+                lost: Accumulator, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` body, run on an executor: one batch of rows per range it is given,
+    and the reason of each range the broker did not deliver added to ``lost``."""
     consumer = Consumer(consumer_config(bootstrap_servers, config))
     try:
         for batch in batches:
             for task in batch.to_pylist():
                 rows = list(_read_range(consumer, task, fields[task["topic"]], timeout))
+                lost.add(frozenset(r["reason"] for r in rows if r["lost"]))
                 yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
     finally:
         consumer.close()
@@ -189,16 +192,38 @@ def _chunks(ranges: list[Range], size: int) -> list[tuple[str, int, int, int]]:
     return [(r.source, r.partition, start, min(start + size, r.end)) for r in ranges for start in range(r.start, r.end, size)]
 
 
+class _Lost(AccumulatorParam):
+    """The reasons of ranges the broker did not deliver, gathered from the executors."""
+
+    def zero(self, value: frozenset[str]) -> frozenset[str]:
+        return frozenset()
+
+    def addInPlace(self, a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+        return a | b
+
+
 @dataclass(frozen=True)
 class Decoded:
-    """One read of offset ranges: each topic's valid records as a Z-set, the invalid ones as
-    dead letters, and how many records were read in all. The records stay cached in Spark,
-    so deriving from them reads no broker, until :meth:`unpersist`."""
+    """One read of offset ranges, planned but not run: each topic's valid records as a
+    Z-set and the invalid ones as dead letters.  They derive from one cached read of the
+    broker, which the first Spark job over them makes; that job should write them
+    somewhere, and :meth:`check` then tells whether the broker delivered every offset."""
 
     inputs: dict[str, DataFrame]
     dead_letters: DataFrame
-    records: int
+    bootstrap_servers: str
     raw: DataFrame = field(repr=False)
+    lost: Accumulator = field(repr=False)
+
+    def check(self) -> None:
+        """Raises :class:`OffsetsLostError` when a range was not delivered; call it after a
+        job read the records, and before anything derived from them is committed."""
+        if self.lost.value:
+            raise OffsetsLostError(
+                f"{'; '.join(sorted(self.lost.value))} from {self.bootstrap_servers!r}: they no longer exist on the "
+                "broker (retention, or the memory-only local broker restarted) or the broker is unreachable. "
+                "Re-run from a checkpoint whose input is still on the broker, or check bootstrap.servers"
+            )
 
     def unpersist(self) -> None:
         """Frees the cached records; the DataFrames above must not be used after."""
@@ -224,11 +249,13 @@ def read_ranges(
     timeout: float = 30.0,
     chunk_size: int = CHUNK,
 ) -> Decoded:
-    """Consumes exactly ``ranges`` on the executors, once, and decodes each topic's records
-    with its schema in ``schemas`` (topic: columns without the weight).
+    """Plans consuming exactly ``ranges`` on the executors, once, and decoding each topic's
+    records with its schema in ``schemas`` (topic: columns without the weight).  No Spark
+    job runs here: the first job over the result reads the broker.
 
-    Raises :class:`OffsetsLostError` when the broker does not deliver offsets of a range for
-    ``timeout`` seconds (gone by retention, or the embedded broker restarted).
+    After it, :meth:`Decoded.check` raises :class:`OffsetsLostError` when the broker did
+    not deliver offsets of a range for ``timeout`` seconds (gone by retention, or the
+    embedded broker restarted).
     """
     fields = {topic: fields_of(schema) for topic, schema in schemas.items()}
     unknown = sorted({r.source for r in ranges} - set(fields))
@@ -238,25 +265,14 @@ def read_ranges(
     chunks = _chunks(ranges, chunk_size)
     # One slice per chunk: each range piece becomes its own task.
     tasks = spark.createDataFrame(spark.sparkContext.parallelize(chunks, max(len(chunks), 1)), _RANGE_SCHEMA)
-    raw = tasks.mapInArrow(partial(_read_tasks, bootstrap_servers, client_config, fields, timeout), _RAW_SCHEMA).persist()
-    try:
-        # This job reads the broker and fills the cache; everything below reads the cache.
-        stats = raw.agg(
-            F.count(F.when(~F.col("lost"), True)).alias("records"),
-            F.collect_list(F.when(F.col("lost"), F.col("reason"))).alias("lost"),
-        ).first()
-        if stats["lost"]:
-            raise OffsetsLostError(
-                f"{'; '.join(sorted(stats['lost']))} from {bootstrap_servers!r}: they no longer exist on the broker "
-                "(retention, or the memory-only local broker restarted) or the broker is unreachable. "
-                "Re-run from a checkpoint whose input is still on the broker, or check bootstrap.servers"
-            )
-    except BaseException:
-        raw.unpersist()
-        raise
+    lost = spark.sparkContext.accumulator(frozenset(), _Lost())
+    reader = partial(_read_tasks, bootstrap_servers, client_config, fields, timeout, lost)
+    # Cached: every frame below reads the broker's records once, in the first job over them.
+    raw = tasks.mapInArrow(reader, _RAW_SCHEMA).persist()
     return Decoded(
         inputs={topic: _zset(raw, topic, parse_schema(schema)) for topic, schema in schemas.items()},
-        dead_letters=raw.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_SCHEMA.names),
-        records=stats["records"],
+        dead_letters=raw.where(F.col("reason").isNotNull() & ~F.col("lost")).select(*DEAD_LETTER_SCHEMA.names),
+        bootstrap_servers=bootstrap_servers,
         raw=raw,
+        lost=lost,
     )

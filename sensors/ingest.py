@@ -20,6 +20,8 @@ class KafkaSource:
     bootstrap_servers: str
     topics: dict[str, str]
     config: dict[str, str] = field(default_factory=dict)
+    read_timeout: float = 30.0
+    """Seconds to wait for a recorded offset before the step's read fails as lost."""
 
     def client(self) -> KafkaClient:
         return KafkaClient(self.bootstrap_servers, self.config)
@@ -33,10 +35,10 @@ def ingest(pipeline: Pipeline, source: KafkaSource, step: int) -> None:
     if step >= pipeline.divisions.next_step():
         raise StepOrderError(f"step {step} has no recorded division yet: the sensor has not cut it")
     schemas = {source.topics[h]: s for h, s in pipeline.circuit.inputs.items()}
-    decoded = read_ranges(pipeline.spark, source.bootstrap_servers, source.config, ranges, schemas)
+    decoded = read_ranges(pipeline.spark, source.bootstrap_servers, source.config, ranges, schemas, source.read_timeout)
     try:
         inputs = {h: decoded.inputs[t] for h, t in source.topics.items()}
-        pipeline.inputs.persist(step, inputs, decoded.dead_letters)
+        pipeline.inputs.persist(step, inputs, decoded.dead_letters, before_commit=decoded.check)
     finally:
         decoded.unpersist()
 

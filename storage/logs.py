@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -193,11 +194,18 @@ class InputLog:
     def persisted(self, step: int) -> bool:
         return all(_next_step(self.uri(h), "input") > step for h in self.schemas)
 
-    def persist(self, step: int, inputs: dict[str, DataFrame], dead_letters: DataFrame | None = None) -> None:
+    def persist(
+        self,
+        step: int,
+        inputs: dict[str, DataFrame],
+        dead_letters: DataFrame | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
         """Writes ``step``'s input for every handle (absent handles: empty) and its dead
         letters (``DEAD_LETTER_SCHEMA``), once, with one Spark job (none when every input
         is absent or provably empty).  The dead letters are committed before the inputs,
-        whose commits mark the step persisted."""
+        whose commits mark the step persisted.  ``before_commit`` runs between the job and
+        the first commit: raising there leaves the step unpersisted."""
         todo = {h: s for h, s in self.schemas.items() if _next_step(self.uri(h), "input") <= step}
         if not todo:
             return
@@ -213,6 +221,8 @@ class InputLog:
         if parts:
             step_column = F.lit(step).cast("bigint")
             written |= write_tables({n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()})
+        if before_commit is not None:
+            before_commit()
         if DEAD_LETTERS in written:
             commit(written.pop(DEAD_LETTERS), "dead_letter", step)
         for files in written.values():
