@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -19,6 +18,7 @@ from .circuit import Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError
 from .sharding import Layout
+from .spark import aggregate_each
 from .state import DEST, StateStore, pack
 from .zset import WEIGHT, empty, empty_like, is_empty
 
@@ -140,8 +140,5 @@ class StepRunner:
 
 def _retracting(inputs: Mapping[str, DataFrame]) -> set[str]:
     """The inputs with a negative weight (one Spark job for all of them)."""
-    if not inputs:
-        return set()
-    names = list(inputs)
-    minima = [df.select(F.lit(i).alias("_input"), F.min(WEIGHT).alias("_min")) for i, df in enumerate(inputs.values())]
-    return {names[row["_input"]] for row in reduce(DataFrame.unionByName, minima).collect() if (row["_min"] or 0) < 0}
+    minima = aggregate_each([df.select(WEIGHT) for df in inputs.values()], F.min(WEIGHT))
+    return {name for name, found in zip(inputs, minima, strict=True) if found is not None and found[0] < 0}

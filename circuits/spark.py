@@ -1,11 +1,14 @@
-"""SparkSession settings the engine relies on."""
+"""SparkSession settings the engine relies on, and one Spark idiom it uses throughout."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
+from functools import reduce
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 ENGINE_CONF = {
     # A step is small and keyed by vnode: broadcasting a trace or letting AQE re-plan
@@ -47,3 +50,14 @@ def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = 
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def aggregate_each(frames: Sequence[DataFrame], *aggregates: Column) -> list[tuple | None]:
+    """``aggregates`` over each of ``frames`` (which have the same columns), all computed by
+    one Spark job: a tuple per frame, or None for a frame without rows."""
+    if not frames:
+        return []
+    labelled = [df.select(F.lit(i).alias("_frame"), *df.columns) for i, df in enumerate(frames)]
+    rows = reduce(DataFrame.unionByName, labelled).groupBy("_frame").agg(*aggregates).collect()
+    found = {row[0]: tuple(row[1:]) for row in rows}
+    return [found.get(i) for i in range(len(frames))]

@@ -13,6 +13,7 @@ from typing import TypeVar
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT
 
 from .delta import add_actions, delta_tables, open_table
@@ -38,12 +39,8 @@ def size(uri: str) -> tuple[int, int]:
 
 def count_each(queries: dict[K, DataFrame]) -> dict[K, int]:
     """The number of rows of each query, with one Spark job for all of them."""
-    if not queries:
-        return {}
-    keys = list(queries)
-    counted = [df.select(F.lit(i).alias("_query")) for i, df in enumerate(queries.values())]
-    counts = dict(reduce(DataFrame.unionByName, counted).groupBy("_query").count().collect())
-    return {key: counts.get(i, 0) for i, key in enumerate(keys)}
+    counts = aggregate_each([df.select() for df in queries.values()], F.count(F.lit(1)))
+    return {key: found[0] if found else 0 for key, found in zip(queries, counts, strict=True)}
 
 
 def unconsolidated(changes: DataFrame) -> DataFrame:

@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT, is_empty, with_weight_schema
 
 from .delta import (
@@ -78,11 +79,12 @@ def read_steps(spark: SparkSession, uri: str, first: int, last: int) -> DataFram
     return read_files(spark, uri, table_schema(table), files).where(F.col(STEP).between(first, last))
 
 
-def _multiset_digest(df: DataFrame, columns: list[str]) -> tuple:
-    """(rows, sum of row hashes): equal for equal multisets of rows, in one small Spark job
-    (a replay's output is verified with it; the row-by-row diff runs only on a mismatch)."""
-    digest = df.select(F.xxhash64(*columns).cast("decimal(38,0)").alias("_h")).agg(F.count("*"), F.sum("_h"))
-    return tuple(digest.first())
+def _multiset_digests(frames: list[DataFrame]) -> list[tuple]:
+    """Each frame's (rows, sum of row hashes), all with one Spark job: equal for equal
+    multisets of rows (a replay's output is verified with them; the row-by-row diff runs
+    only on a mismatch)."""
+    hashes = [df.select(F.xxhash64(*df.columns).cast("decimal(38,0)").alias("_h")) for df in frames]
+    return [found or (0, None) for found in aggregate_each(hashes, F.count(F.lit(1)), F.sum("_h"))]
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,7 @@ class OutputLog:
         self.spark = spark
         self.root = root
         self.verify = verify
+        self._replayed: list[tuple[str, int, WrittenFiles]] = []
 
     def uri(self, handle: str) -> str:
         return output_uri(self.root, handle)
@@ -274,31 +277,40 @@ class OutputLog:
         return _next_step(self.uri(handle), "output")
 
     def write(self, step: int, outputs: dict[str, WrittenFiles]) -> None:
-        """Below ``first``: discard.  In ``first..last``: discard (and, verifying, compare).
-        At ``last``: append.  Beyond ``last``: an error."""
+        """Below ``first``: discard.  In ``first..last``: discard (and, verifying, compare,
+        by :meth:`verify_replayed`).  At ``last``: append.  Beyond ``last``: an error."""
         for handle, files in outputs.items():
             last = self.last(handle)
             if step > last:
                 raise StepOrderError(f"output {handle!r}: cannot write step {step}, the next step to write is {last}")
             if step == last:
+                self.verify_replayed()  # no new output follows a replay that differs
                 commit(files, "output", step)
             elif step >= self.first(handle) and self.verify:
-                self._compare(handle, step, files)
+                self._replayed.append((handle, step, files))
 
-    def _compare(self, handle: str, step: int, files: WrittenFiles) -> None:
-        stored = self.read(handle, step, step)
-        schema = stored.schema
-        replayed = read_files(self.spark, files.uri, schema, files.paths)
-        columns = [c for c in schema.names]
-        if _multiset_digest(stored, columns) == _multiset_digest(replayed, columns):
+    def verify_replayed(self) -> None:
+        """Compares the output of every step replayed since the last call with the output
+        written before, with one Spark job for all of them (call it before a checkpoint
+        commit).  A mismatch raises :class:`OutputMismatchError` with the differing rows."""
+        replayed, self._replayed = self._replayed, []
+        if not replayed:
             return
-        missing = stored.select(columns).exceptAll(replayed.select(columns)).limit(5).collect()
-        extra = replayed.select(columns).exceptAll(stored.select(columns)).limit(5).collect()
-        if missing or extra:
-            raise OutputMismatchError(
-                f"output {handle!r}, step {step}: the replayed output differs from the output written before; "
-                f"only before: {[tuple(r) for r in missing]}, only now: {[tuple(r) for r in extra]}"
-            )
+        pairs = []
+        for handle, step, files in replayed:
+            stored = self.read(handle, step, step)
+            pairs.append((stored, read_files(self.spark, files.uri, stored.schema, files.paths)))
+        digests = _multiset_digests([df for pair in pairs for df in pair])
+        for (handle, step, _), (stored, now), i in zip(replayed, pairs, range(0, len(digests), 2), strict=True):
+            if digests[i] == digests[i + 1]:
+                continue
+            missing = stored.exceptAll(now).limit(5).collect()
+            extra = now.exceptAll(stored).limit(5).collect()
+            if missing or extra:
+                raise OutputMismatchError(
+                    f"output {handle!r}, step {step}: the replayed output differs from the output written before; "
+                    f"only before: {[tuple(r) for r in missing]}, only now: {[tuple(r) for r in extra]}"
+                )
 
     def read(self, handle: str, first: int, last: int) -> DataFrame:
         """The changes of steps ``first..=last`` with their ``_step`` (join the division log for offsets)."""

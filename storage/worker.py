@@ -98,6 +98,8 @@ class Worker:
                 step += 1
                 pipeline.state.set_step(step)  # the database's step is the next one to run
             if step > first:  # a run with nothing to do leaves no trace: no new version anywhere
+                with pipeline.timed("output_commit"):
+                    pipeline.outputs.verify_replayed()
                 with pipeline.timed("checkpoint_commit"):
                     pipeline.state.commit()
                 failpoint("after_commit", step - 1)

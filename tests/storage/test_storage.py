@@ -99,8 +99,9 @@ def test_replayed_output_that_differs_is_refused_with_a_diff(spark, pipeline, tm
     other = Pipeline(spark, str(tmp_path / "other"), word_count())
     submit_all(spark, other, [{"upper": [("F", 2, 1)], "lower": []}])
     other.run()
+    pipeline.outputs.write(0, other.state.written_outputs)  # a replay: compared before the next checkpoint
     with pytest.raises(OutputMismatchError, match=r"output 'totals', step 0: .*only now: \[\('f', 2, 1, 0\)\]"):
-        pipeline.outputs.write(0, other.state.written_outputs)
+        pipeline.outputs.verify_replayed()
     with pytest.raises(StepOrderError, match=r"cannot write step 7, the next step to write is 3"):
         pipeline.outputs.write(7, other.state.written_outputs)
 
