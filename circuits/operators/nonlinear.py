@@ -20,7 +20,6 @@ from ..zset import WEIGHT, add, data_columns, weight
 from .base import Operator
 
 
-
 def _positive(w: Column) -> Column:
     return F.when(w > 0, 1).otherwise(0)
 
