@@ -289,6 +289,11 @@ class OutputLog:
             elif step >= self.first(handle) and self.verify:
                 self._replayed.append((handle, step, files))
 
+    def discard_replayed(self) -> None:
+        """Forgets replayed steps not verified yet: a run that failed before verifying left
+        them, and its files are no concern of the next run (vacuum may delete them)."""
+        self._replayed = []
+
     def verify_replayed(self) -> None:
         """Compares the output of every step replayed since the last call with the output
         written before, with one Spark job for all of them (call it before a checkpoint
@@ -301,8 +306,8 @@ class OutputLog:
             stored = self.read(handle, step, step)
             pairs.append((stored, read_files(self.spark, files.uri, stored.schema, files.paths)))
         digests = _multiset_digests([df for pair in pairs for df in pair])
-        for (handle, step, _), (stored, now), i in zip(replayed, pairs, range(0, len(digests), 2), strict=True):
-            if digests[i] == digests[i + 1]:
+        for (handle, step, _), (stored, now), before, after in zip(replayed, pairs, digests[::2], digests[1::2], strict=True):
+            if before == after:
                 continue
             missing = stored.exceptAll(now).limit(5).collect()
             extra = now.exceptAll(stored).limit(5).collect()

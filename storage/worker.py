@@ -73,6 +73,7 @@ class Worker:
         pipeline = self.pipeline
         try:
             runner = StepRunner(pipeline.circuit, pipeline.spark, pipeline.state, workers=pipeline.workers)
+            pipeline.outputs.discard_replayed()
             first = step = pipeline.state.get_step()
             while True:
                 with self._cond:

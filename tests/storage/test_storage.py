@@ -106,6 +106,15 @@ def test_replayed_output_that_differs_is_refused_with_a_diff(spark, pipeline, tm
         pipeline.outputs.write(7, other.state.written_outputs)
 
 
+def test_a_run_verifies_only_its_own_replays(spark, pipeline, tmp_path):
+    pipeline.run(through=1)
+    other = Pipeline(spark, str(tmp_path / "other"), word_count())
+    submit_all(spark, other, [{"upper": [("F", 2, 1)], "lower": []}])
+    other.run()
+    pipeline.outputs.write(0, other.state.written_outputs)  # a differing replay, left by a run that then failed
+    assert pipeline.run() == 3
+
+
 def test_a_division_is_written_once(tmp_path):
     from storage.logs import DivisionLog
 
