@@ -118,7 +118,7 @@ class Circuit:
         """
         deltas: dict[int, DataFrame] = {}
         append_only: dict[int, bool] = {}
-        may_be_empty: dict[int, bool] = {}
+        empty: dict[int, bool] = {}
         consumers = Counter(i for node in self.nodes for i in node.inputs)
         for node in self.nodes:
             inputs_append_only = bool(node.inputs) and all(append_only[i] for i in node.inputs)
@@ -128,11 +128,13 @@ class Circuit:
                 if is_input
                 else node.operator.keeps_append_only and inputs_append_only
             )
-            may_be_empty[node.id] = (
-                node.operator.handle in step.empty_inputs if is_input else all(may_be_empty[i] for i in node.inputs)
+            empty[node.id] = (
+                node.operator.handle in step.empty_inputs
+                if is_input
+                else node.operator.zero_preserving and all(empty[i] for i in node.inputs)
             )
             try:
-                ctx = NodeContext(step, node.label, inputs_append_only, may_be_empty[node.id])
+                ctx = NodeContext(step, node.label, inputs_append_only, empty[node.id])
                 delta = node.operator.evaluate(ctx, *(deltas[i] for i in node.inputs))
                 # Spark plans are trees: a delta read by several operators, or produced by a
                 # stateful one (whose plan is large), is shared so that later plans refer to it

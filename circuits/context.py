@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from .sharding import PART, VNODE, Layout, exchange, with_vnode
 from .state import StateStore
-from .zset import consolidate, empty_like, is_empty
+from .zset import consolidate, empty_like
 
 
 @dataclass
@@ -24,32 +24,43 @@ class StepContext:
     append_only: frozenset[str] = frozenset()
     """Inputs that have never had a negative weight, this step included."""
     empty_inputs: frozenset[str] = frozenset()
-    """Inputs the optimizer proves empty this step."""
+    """Inputs known to be empty this step (absent from the step's inputs)."""
+    single: bool = False
+    """Plan the step in one Spark partition (a small change): every keyed frame sits in it,
+    so joins and groupings need no exchange and the step runs as one stage."""
     staged: dict[str, DataFrame] = field(default_factory=dict)
     shared: list[DataFrame] = field(default_factory=list)
 
-    def share(self, df: DataFrame, may_be_empty: bool) -> DataFrame:
+    def route(self, df: DataFrame, *, scanned: bool = False) -> DataFrame:
+        """``df`` (which has a :data:`VNODE` column) with its routing columns, on the worker
+        owning each row's vnode; in a :attr:`single` step, in the step's one partition.
+        There, a ``scanned`` frame (a large trace's matches, read by many tasks) is
+        gathered by a shuffle; any other is merged without one, in the task that reads it."""
+        if not self.single:
+            return exchange(df, self.layout)
+        routed = df.withColumn(PART, self.layout.part_of(F.col(VNODE)))
+        return routed.repartition(1) if scanned else routed.coalesce(1)
+
+    def share(self, df: DataFrame, empty: bool) -> DataFrame:
         """``df`` computed once for the rest of the step: a leaf that later plans refer to
         instead of copying ``df``'s plan (whose analysis, planning and broadcasts would
         then be paid once per copy).  Its rows are computed by the first job that needs
         them and kept in the executors until :meth:`release`; losing an executor fails
         the step, which is then run again from the checkpoint.
 
-        When ``may_be_empty``, a provably empty ``df`` is returned as a provably empty
-        relation instead: a leaf would hide that from the optimizer downstream.  Proving
-        it costs an optimizer pass, worth it only where empty inputs feed ``df``."""
-        if may_be_empty and is_empty(df):
+        An ``empty`` ``df`` (known so from the circuit, not asked of Spark) is returned as a
+        provably empty relation instead: a leaf would hide that from the optimizer
+        downstream, and making one costs a round trip to Spark."""
+        if empty:
             return empty_like(df)
         cut = df.localCheckpoint(eager=False)
         self.shared.append(cut)
         return cut
 
     def release(self) -> None:
-        """Drops the step's shared rows: the next step must not see this step's values."""
-        for df in self.shared:
-            # A local checkpoint's rows are blocks of the RDD under its plan's leaf;
-            # DataFrame.unpersist does not reach them (no public API does).
-            df._jdf.queryExecution().analyzed().rdd().unpersist(False)  # noqa: SLF001
+        """Drops the step's shared frames.  Over Spark Connect, the last reference to a
+        checkpointed frame going away frees it on the server; in a classic session, the
+        context cleaner frees its blocks after the next JVM garbage collection."""
         self.shared.clear()
 
 
@@ -62,9 +73,10 @@ class NodeContext:
     append_only: bool = False
     """Every input stream of the node has only ever inserted rows (this step included), so
     its integral is a relation and this step's delta has no negative weight."""
-    may_be_empty: bool = True
-    """Every input stream of the node comes only from inputs that are empty this step, so
-    the optimizer may prove the node's frames empty."""
+    empty: bool = False
+    """The node's operator preserves zero and every input stream of the node comes only
+    from inputs that are empty this step: every frame it plans is empty, and it changes no
+    state."""
 
     @property
     def layout(self) -> Layout:
@@ -79,14 +91,16 @@ class NodeContext:
     def share(self, df: DataFrame) -> DataFrame:
         """See :meth:`StepContext.share`: for a frame the node reads in several terms, each
         of which would otherwise compute it again (a lookup: broadcast its keys, scan the trace)."""
-        return self.step.share(df, self.may_be_empty)
+        return self.step.share(df, self.empty)
 
     def keyed(self, df: DataFrame, keys: Sequence[str]) -> DataFrame:
         """``df`` with the vnode of ``keys``, routed to the worker owning it."""
-        return exchange(with_vnode(df, keys, self.layout.vnodes), self.layout)
+        return self.step.route(with_vnode(df, keys, self.layout.vnodes))
 
     def stage(self, suffix: str, delta: DataFrame) -> None:
         """Adds ``delta`` (which carries a vnode column) to trace ``suffix`` at the end of the step."""
+        if self.empty:
+            return
         delta = delta.drop(PART)
         table = self.table(suffix)
         previous = self.step.staged.get(table)
@@ -95,7 +109,9 @@ class NodeContext:
     def scan(self, suffix: str, template: DataFrame) -> DataFrame:
         """The whole consolidated trace, or an empty one shaped like ``template``."""
         trace = self.step.store.scan(self.table(suffix))
-        return empty_like(template) if trace is None else consolidate(trace)
+        if trace is None:
+            return empty_like(template)
+        return consolidate(trace.coalesce(1) if self.step.single else trace)
 
     def lookup(
         self,
@@ -124,7 +140,7 @@ class NodeContext:
         if self.step.store.is_small(table):
             # Route the whole trace: both sides then sit on the workers owning their
             # vnodes, and the semi-join runs in place, within the step's job.
-            trace = exchange(trace, self.layout)
+            trace = self.step.route(trace)
             condition = _matching(trace, wanted, keys, null_safe) & (trace[PART] == wanted["_p_part"])
             return consolidate(trace.join(wanted, condition, "left_semi"))
         # The step's keys are the small side: broadcast them and filter the trace where it
@@ -133,16 +149,14 @@ class NodeContext:
         # among the keys then keeps the rows where the exchange put them.
         wanted = wanted.drop("_p_part")
         matched = trace.join(F.broadcast(wanted), _matching(trace, wanted, keys, null_safe), "left_semi")
-        return consolidate(exchange(matched, self.layout))
+        return consolidate(self.step.route(matched, scanned=True))
 
     def keyed_empty(self, template: DataFrame) -> DataFrame:
         """A lookup result with no rows, routed like any other: frames that mix it with
         keyed ones (shared ones included) stay partitioned by worker, so groupings over
-        them stay in place and state files keep one worker's vnodes each."""
-        empty = empty_like(template)
-        if VNODE not in empty.columns:
-            empty = empty.withColumn(VNODE, F.lit(0))
-        return exchange(empty, self.layout)
+        them stay in place and state files keep one worker's vnodes each.  ``template``
+        is keyed (it has the routing columns)."""
+        return self.step.route(empty_like(template))
 
 
 def _matching(trace: DataFrame, wanted: DataFrame, keys: Sequence[str], null_safe: bool) -> Column:

@@ -24,3 +24,7 @@ class ExpressionError(DbspError):
 
 class CircuitChangedError(DbspError):
     """A circuit whose fingerprint differs from the one that wrote the state."""
+
+
+class SparkUnavailableError(DbspError):
+    """No Spark to run steps on: the Connect server is unreachable or did not start."""

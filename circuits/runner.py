@@ -17,16 +17,19 @@ from pyspark.sql import types as T
 from .circuit import Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError
-from .sharding import Layout
+from .sharding import VNODE, Layout
 from .spark import aggregate_each
-from .state import DEST, StateStore, pack
-from .zset import WEIGHT, empty, empty_like, is_empty
+from .state import DEST, FILE, StateStore, pack
+from .zset import WEIGHT, empty, empty_like
 
 LAYOUT_KEY = "layout"
 FINGERPRINT_KEY = "circuit_fingerprint"
 APPEND_ONLY_KEY = "append_only_inputs"
 OUTPUT_SCHEMAS_KEY = "output_schemas"
 OUTPUT = "output:"
+SMALL_STEP_ROWS = 100_000
+"""A step of at most this many input rows runs in one Spark partition, as one stage:
+below it, exchanging rows between workers costs more than the parallelism saves."""
 STATE = "state:"
 
 
@@ -60,8 +63,10 @@ class StepRunner:
         *,
         workers: int = 1,
         layout: Layout | None = None,
+        small_step_rows: int = SMALL_STEP_ROWS,
     ) -> None:
         self.circuit = circuit
+        self.small_step_rows = small_step_rows
         self.spark = spark
         self.store = store
         # The layout is part of the state: recovery and later steps use the stored one, so
@@ -91,19 +96,28 @@ class StepRunner:
         # When set, a step whose every input is empty is known to change nothing: its outputs
         # are empty with these schemas, and it needs no planning.
         schemas = json.loads(store.get_meta(OUTPUT_SCHEMAS_KEY) or "null")
+        self._shuffle_partitions: int | None = None
         self._empty_outputs = (
             {name: T.StructType.fromJson(s) for name, s in schemas.items()}
             if schemas is not None and all(n.operator.zero_preserving for n in circuit.nodes)
             else None
         )
 
-    def step(self, inputs: Mapping[str, DataFrame], retracting: Collection[str] | None = None) -> StepResult:
-        """Runs one step on the input deltas (absent inputs are empty) and applies its state.
+    def step(
+        self, inputs: Mapping[str, DataFrame], retracting: Collection[str] | None = None, rows: int | None = None
+    ) -> StepResult:
+        """Runs one step on the input deltas and applies its state.  Absent inputs are
+        empty, and known to be so: pass only the inputs that may hold rows, and operators
+        fed only by empty inputs plan nothing.
 
         ``retracting`` names the inputs whose delta may hold a negative weight, when the
         caller knows (a durable input log does, from its file statistics); otherwise one
         small Spark job finds out.  Operators over inputs that never retract take cheaper
-        paths (see :attr:`circuits.context.NodeContext.append_only`)."""
+        paths (see :attr:`circuits.context.NodeContext.append_only`).
+
+        ``rows``, when the caller knows it, is the number of input rows of the step: a step
+        of at most :attr:`small_step_rows` is planned in one Spark partition (see
+        :attr:`circuits.context.StepContext.single`)."""
         unknown = sorted(set(inputs) - set(self.circuit.inputs))
         if unknown:
             raise SchemaMismatchError(
@@ -113,20 +127,26 @@ class StepRunner:
             name: inputs[name] if name in inputs else empty(self.spark, schema)
             for name, schema in self.circuit.inputs.items()
         }
-        empty_inputs = frozenset(name for name, df in full.items() if is_empty(df))
+        empty_inputs = frozenset(self.circuit.inputs) - set(inputs)
         if self._empty_outputs is not None and len(empty_inputs) == len(full):
             nothing = {f"{OUTPUT}{n}": empty_like(self.spark.createDataFrame([], s)) for n, s in self._empty_outputs.items()}
             stored = self.store.materialize(nothing)
             return StepResult({name: stored[f"{OUTPUT}{name}"] for name in self._empty_outputs}, {})
-        # Spark's own shuffles (there should be none left after the exchanges) use one partition per worker.
-        self.spark.conf.set("spark.sql.shuffle.partitions", str(self.layout.workers))
+        if self._shuffle_partitions != self.layout.workers:
+            # Spark's own shuffles (there should be none left after the exchanges) use one
+            # partition per worker.  Set once: each setting is a round trip to Spark.
+            self.spark.conf.set("spark.sql.shuffle.partitions", str(self.layout.workers))
+            self._shuffle_partitions = self.layout.workers
         if retracting is None:
             retracting = _retracting({name: full[name] for name in self.append_only})
         append_only = self.append_only - set(retracting)
-        ctx = StepContext(self.spark, self.store, self.layout, full, append_only, empty_inputs)
+        single = rows is not None and rows <= self.small_step_rows
+        ctx = StepContext(self.spark, self.store, self.layout, full, append_only, empty_inputs, single)
         outputs = self.circuit.plan(ctx)
         parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
-        parts.update({f"{STATE}{table}": df for table, df in ctx.staged.items()})
+        # A state file holds one worker's vnodes, however many workers the step ran on.
+        owner = self.layout.worker_of(F.col(VNODE))
+        parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
         try:
             stored = self.store.materialize(parts)
         finally:

@@ -1,14 +1,29 @@
-"""SparkSession settings the engine relies on, and one Spark idiom it uses throughout."""
+"""The Spark the engine runs on: a Spark Connect server (the embedded local default, or a
+cluster's ``sc://`` endpoint), or a classic in-process session; the settings the engine
+relies on; and one Spark idiom it uses throughout.
+
+The engine uses only APIs that work both over Spark Connect and in a classic session: no
+``_jdf``, ``sparkContext``, accumulators or RDDs.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import reduce
+from urllib.parse import urlparse
 
+import pyspark
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from .daemon import HOST, Daemon, listening
+from .errors import SparkUnavailableError
 
 ENGINE_CONF = {
     # A step is small and keyed by vnode: broadcasting a trace or letting AQE re-plan
@@ -27,29 +42,156 @@ ENGINE_CONF = {
     # operators multiply those copies.
     "spark.sql.optimizer.pushDownJoinThroughUnion.enabled": "false",
     "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.PushDownLeftSemiAntiJoin",
+}
+
+SERVER_CONF = {
     # PySpark records the Python call site of every Column and DataFrame call for Spark's
     # error messages: a stack walk, a failed IPython import and four JVM calls each, which
     # made up most of a step's planning.  The engine names the user's call site itself.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    # A step's shared frames are local checkpoints: blocks of RDDs no longer referenced
+    # once the step ends.  The cleaner frees them after a JVM garbage collection; ask for
+    # one every minute rather than every 30.
+    "spark.cleaner.periodicGC.interval": "1min",
 }
+"""Settings of the Spark application itself (a classic session's, or a Connect server's)."""
+
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+CONNECT_PORT = 15002
 
 
 def local_session(cores: int = 2, app_name: str = "dbsp", extra: dict[str, str] | None = None) -> SparkSession:
-    """A local-mode session with the engine's settings (``cores`` threads in one JVM)."""
+    """A classic local-mode session with the engine's settings (``cores`` threads in one JVM)."""
     return session(f"local[{cores}]", app_name, extra)
 
 
 def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = None) -> SparkSession:
-    """A session on ``master`` (``local[N]``, ``spark://host:7077``, ``k8s://...``, ``yarn``)
-    with the engine's settings; an existing session in this process is reused."""
+    """A classic session on ``master`` (``local[N]``, ``spark://host:7077``, ``k8s://...``,
+    ``yarn``) with the engine's settings; an existing session in this process is reused."""
     # Python workers (mapInArrow) must run the interpreter that has this project's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**ENGINE_CONF, "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **(extra or {})}.items():
+    for key, value in {**ENGINE_CONF, **SERVER_CONF, **(extra or {})}.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")  # noqa: the classic session's own setting, not the engine's API
+    return spark
+
+
+def remote_session(url: str, extra: dict[str, str] | None = None, setting: str = "resources.spark.remote") -> SparkSession:
+    """A session on the Spark Connect server at ``url`` (``sc://host:port``) with the
+    engine's settings.  Fails at once, naming ``setting``, when nothing answers there; a
+    server that stops answering mid-step fails the step within seconds, not minutes."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    parsed = urlparse(url)
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise SparkUnavailableError(f"{setting}={url!r}: expected a Spark Connect URL such as sc://host:15002")
+    port = parsed.port or CONNECT_PORT
+    if not listening(port, parsed.hostname, timeout=5):
+        raise SparkUnavailableError(
+            f"no Spark Connect server answers at {url} ({setting}); start one there "
+            "(pyspark's sbin/start-connect-server.sh) or remove the setting to use the embedded local server"
+        )
+    builder = SparkSession.builder.remote(url)
+    for key, value in {**ENGINE_CONF, **(extra or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    # The default policy retries an unreachable server for ten minutes.
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=4, initial_backoff=100, max_backoff=2000)])
+    return spark
+
+
+def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "local[2]", driver_memory: str = "4g",
+                   conf: dict[str, str] | None = None, timeout: float = 120.0) -> str:
+    """The URL of the embedded Spark Connect server on 127.0.0.1:``port``, started (detached,
+    from the pyspark wheel, pid and log in ``state_dir``) unless a healthy one listens there.
+
+    Every process of the machine then shares this one warm JVM: a Dagster run connects in
+    well under a second instead of starting its own Spark."""
+    url = f"sc://{HOST}:{port}"
+    daemon = Daemon("spark-connect", port, state_dir)
+    home = os.path.dirname(pyspark.__file__)
+    settings = {
+        **SERVER_CONF,
+        "spark.connect.grpc.binding.address": HOST,
+        "spark.connect.grpc.binding.port": str(port),
+        **(conf or {}),
+    }
+    command = [
+        os.path.join(home, "bin", "spark-submit"),
+        "--class", CONNECT_CLASS,
+        "--name", "dbsp",
+        "--master", master,
+        "--driver-memory", driver_memory,
+        *[arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")],
+    ]
+
+    def ready(process: subprocess.Popen | None) -> None:
+        deadline = time.monotonic() + (timeout if process is not None else 10.0)
+        while not listening(port, timeout=0.5):
+            if process is not None and process.poll() is not None:
+                raise SparkUnavailableError(
+                    f"the embedded Spark Connect server exited with code {process.returncode} while starting; "
+                    f"see {daemon.log_path}"
+                )
+            if time.monotonic() > deadline:
+                raise SparkUnavailableError(
+                    f"the embedded Spark Connect server did not listen on {HOST}:{port} within "
+                    f"{timeout:g} s; see {daemon.log_path}"
+                )
+            time.sleep(0.1)
+        _probe(url, daemon.log_path)
+
+    # Python workers (mapInArrow) must run the interpreter that has this project's packages.
+    daemon.ensure(command, ready, env={"SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable})
+    return url
+
+
+def _probe(url: str, log_path: str) -> None:
+    """Runs a trivial query on the server at ``url``: a listening but hung server fails it."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    try:
+        probe = RemoteSession.builder.remote(url).create()
+        try:
+            probe.range(1).collect()
+        finally:
+            probe.stop()
+    except Exception as e:  # noqa: BLE001 - any failure means unhealthy
+        raise SparkUnavailableError(f"the Spark Connect server at {url} does not answer ({e}); see {log_path}") from e
+
+
+def stop_connect_server(state_dir: str, port: int = CONNECT_PORT) -> bool:
+    """Stops the server :func:`connect_server` started; whether one was running."""
+    return Daemon("spark-connect", port, state_dir).stop()
+
+
+@contextmanager
+def round_trips(spark: SparkSession) -> Iterator[Counter]:
+    """Counts the round trips ``spark`` (a Spark Connect session) makes to its server
+    during the block, by RPC: ``ExecutePlan`` runs an action or a command, ``AnalyzePlan``
+    asks for a schema (or caches a frame), ``Config`` reads or sets a setting."""
+    calls: Counter = Counter()
+    stub = spark.client._stub  # noqa: SLF001 - the client's RPCs have no public hook
+    originals = {name: getattr(stub, name) for name in ("ExecutePlan", "AnalyzePlan", "Config")}
+
+    def counted(name: str, method):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return method(*args, **kwargs)
+
+        return call
+
+    for name, method in originals.items():
+        setattr(stub, name, counted(name, method))
+    try:
+        yield calls
+    finally:
+        for name, method in originals.items():
+            setattr(stub, name, method)
 
 
 def aggregate_each(frames: Sequence[DataFrame], *aggregates: Column) -> list[tuple | None]:
@@ -57,7 +199,7 @@ def aggregate_each(frames: Sequence[DataFrame], *aggregates: Column) -> list[tup
     one Spark job: a tuple per frame, or None for a frame without rows."""
     if not frames:
         return []
-    labelled = [df.select(F.lit(i).alias("_frame"), *df.columns) for i, df in enumerate(frames)]
+    labelled = [df.select(F.lit(i).alias("_frame"), "*") for i, df in enumerate(frames)]
     rows = reduce(DataFrame.unionByName, labelled).groupBy("_frame").agg(*aggregates).collect()
     found = {row[0]: tuple(row[1:]) for row in rows}
     return [found.get(i) for i in range(len(frames))]

@@ -21,6 +21,9 @@ from pyspark.sql import functions as F
 from .zset import consolidate
 
 DEST = "_dest"
+FILE = "_file"
+"""A column of a state delta that splits its rows into files (it is not stored): rows
+with different values never share a file, so each file holds one worker's vnodes."""
 
 
 def pack(parts: dict[str, DataFrame]) -> DataFrame:
@@ -95,6 +98,7 @@ class InMemoryStateStore(StateStore):
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
         # The packed union has a partition per branch and worker; later scans would pay a
         # task for each, so merge them (without a shuffle) first.
+        parts = {name: df.drop(FILE) for name, df in parts.items()}
         stored = pack(parts).coalesce(self._partitions).localCheckpoint(eager=True)
         return unpack(stored, list(parts))
 

@@ -65,17 +65,36 @@ def empty_like(df: DataFrame) -> DataFrame:
     return df.where(F.lit(False))
 
 
-def is_empty(df: DataFrame) -> bool:
-    """Whether the optimizer proves ``df`` empty (without running a Spark job)."""
-    rows = df._jdf.queryExecution().optimizedPlan().maxRows()  # noqa: SLF001 - no public API for this
-    return rows.isDefined() and rows.get() == 0
+_PRIMITIVES = {
+    **{name: T.LongType() for name in ("bigint", "long")},
+    **{name: T.IntegerType() for name in ("int", "integer")},
+    "smallint": T.ShortType(),
+    "tinyint": T.ByteType(),
+    **{name: T.DoubleType() for name in ("double", "float64")},
+    **{name: T.FloatType() for name in ("float", "real")},
+    "string": T.StringType(),
+    "boolean": T.BooleanType(),
+    "binary": T.BinaryType(),
+    "date": T.DateType(),
+    "timestamp": T.TimestampType(),
+}
 
 
 def parse_schema(schema: T.StructType | str) -> T.StructType:
-    """A declared input schema: a StructType or a DDL string such as ``"word string, n bigint"``."""
+    """A declared input schema: a StructType or a DDL string such as ``"word string, n bigint"``.
+
+    Columns of primitive types are parsed here, with no Spark session (circuits are built
+    before one exists, and a round trip per schema would cost); other types go to Spark's
+    DDL parser."""
     if isinstance(schema, T.StructType):
         return schema
-    return T._parse_datatype_string(schema)  # noqa: SLF001 - PySpark's public DDL parser entry point
+    fields = []
+    for column in schema.split(","):
+        parts = column.replace(":", " ").split()
+        if len(parts) != 2 or parts[1].lower() not in _PRIMITIVES:
+            return T._parse_datatype_string(schema)  # noqa: SLF001 - PySpark's DDL parser entry point
+        fields.append(T.StructField(parts[0], _PRIMITIVES[parts[1].lower()]))
+    return T.StructType(fields)
 
 
 def with_weight_schema(schema: T.StructType) -> T.StructType:

@@ -24,6 +24,7 @@ DAGSTER_YAML = """\
 # order); runs of a pipeline carry the tag dbsp/pipeline.
 run_queue:
   max_concurrent_runs: 4
+  dequeue_interval_seconds: 1
   tag_concurrency_limits:
     - key: "dbsp/pipeline"
       value:

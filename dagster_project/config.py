@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 from pyspark import SparkContext
+from pyspark.sql.utils import is_remote
 
 from circuits.circuit import Circuit
 from circuits.errors import DbspError
@@ -99,9 +100,10 @@ class PipelineSpec(BaseModel):
 
     @model_validator(mode="after")
     def _matches_circuit(self) -> "PipelineSpec":
-        # Building a circuit needs a running Spark (its expressions are Spark columns). A
-        # code server has none, so there the check waits until a run builds the circuit.
-        if SparkContext._active_spark_context is not None:
+        # Building a circuit needs Spark columns: Spark Connect's are plain Python, a classic
+        # session's need its JVM.  A code server has no JVM, so in classic mode the check
+        # waits until a run builds the circuit.
+        if is_remote() or SparkContext._active_spark_context is not None:
             self.check(self.build_circuit())
         return self
 

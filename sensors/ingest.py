@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from storage.errors import StepOrderError
+from storage.errors import StepOrderError, StorageError
 from storage.pipeline import Pipeline
 
-from .decode import read_ranges
+from .decode import offsets_lost, read_ranges
 from .kafka import KafkaClient
 
 
@@ -36,9 +36,14 @@ def ingest(pipeline: Pipeline, source: KafkaSource, step: int) -> None:
         raise StepOrderError(f"step {step} has no recorded division yet: the sensor has not cut it")
     schemas = {source.topics[h]: s for h, s in pipeline.circuit.inputs.items()}
     decoded = read_ranges(pipeline.spark, source.bootstrap_servers, source.config, ranges, schemas, source.read_timeout)
+    # A topic with no offsets in the step is an empty input, known so without reading.
+    read = {r.source for r in ranges if r.end > r.start}
     try:
-        inputs = {h: decoded.inputs[t] for h, t in source.topics.items()}
-        pipeline.inputs.persist(step, inputs, decoded.dead_letters, before_commit=decoded.check)
+        inputs = {h: decoded.inputs[t] for h, t in source.topics.items() if t in read}
+        pipeline.inputs.persist(step, inputs, decoded.dead_letters if read else None)
+    except StorageError as e:
+        # The job failed before anything was committed: the step stays unpersisted.
+        raise offsets_lost(e) or e
     finally:
         decoded.unpersist()
 

@@ -23,14 +23,14 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from circuits.runner import LAYOUT_KEY, OUTPUT, STATE
 from circuits.sharding import PART, VNODE, Layout, exchange
-from circuits.state import StateStore
+from circuits.state import FILE, StateStore
 from circuits.zset import consolidate
 
 from .delta import (
-    FILE,
     WrittenFiles,
     add_actions,
     commit,
@@ -211,7 +211,7 @@ class DeltaStateStore(StateStore):
         written = write_tables(targets)
         self.written_outputs = {n[len(OUTPUT):]: w for n, w in written.items() if n.startswith(OUTPUT)}
         self._pending = {n[len(STATE):]: w for n, w in written.items() if n.startswith(STATE)}
-        return {name: read_files(self.spark, w.uri, targets[name][1].schema, w.paths).drop(STEP) for name, w in written.items()}
+        return {name: read_files(self.spark, w.uri, from_arrow_schema(w.schema), w.paths).drop(STEP) for name, w in written.items()}
 
     def apply(self, deltas: dict[str, DataFrame]) -> None:
         for name in deltas:

@@ -26,12 +26,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from circuits.state import DEST, pack
+from circuits.state import DEST, FILE, pack
 from circuits.zset import empty_like
 
 from .errors import CorruptTableError, StaleWriterError, StorageError
 
-FILE = "_file"  # a column that only splits rows into files; it is not stored
 FILES_SCHEMA = "dest int, path string, size long, rows long, stats string"
 
 

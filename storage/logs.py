@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -15,7 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from circuits.spark import aggregate_each
-from circuits.zset import WEIGHT, is_empty, with_weight_schema
+from circuits.zset import WEIGHT, with_weight_schema
 
 from .delta import (
     WrittenFiles,
@@ -170,9 +169,11 @@ DEAD_LETTER_SCHEMA = T.StructType(
 @dataclass(frozen=True)
 class StepInput:
     deltas: dict[str, DataFrame]
-    """Each input handle's delta of the step."""
+    """Each input handle's delta of the step; a handle without rows is absent."""
     retracting: set[str]
     """The handles whose delta may hold a negative weight (by the files' statistics)."""
+    rows: int
+    """Rows of every delta together (by the files' statistics)."""
 
 
 class InputLog:
@@ -201,20 +202,18 @@ class InputLog:
         step: int,
         inputs: dict[str, DataFrame],
         dead_letters: DataFrame | None = None,
-        before_commit: Callable[[], None] | None = None,
     ) -> None:
         """Writes ``step``'s input for every handle (absent handles: empty) and its dead
         letters (``DEAD_LETTER_SCHEMA``), once, with one Spark job (none when every input
-        is absent or provably empty).  The dead letters are committed before the inputs,
-        whose commits mark the step persisted.  ``before_commit`` runs between the job and
-        the first commit: raising there leaves the step unpersisted."""
+        is absent).  The dead letters are committed before the inputs, whose commits mark
+        the step persisted; a failed job commits nothing."""
         todo = {h: s for h, s in self.schemas.items() if _next_step(self.uri(h), "input") <= step}
         if not todo:
             return
         parts, written = {}, {}
         for handle, schema in todo.items():
             df = inputs.get(handle)
-            if df is None or is_empty(df):  # nothing to write; the commit still marks the step
+            if df is None:  # nothing to write; the commit still marks the step
                 written[handle] = WrittenFiles(self.uri(handle), arrow_schema(_step_schema(schema)), [])
             else:
                 parts[handle] = (self.uri(handle), df)
@@ -223,8 +222,6 @@ class InputLog:
         if parts:
             step_column = F.lit(step).cast("bigint")
             written |= write_tables({n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()})
-        if before_commit is not None:
-            before_commit()
         if DEAD_LETTERS in written:
             commit(written.pop(DEAD_LETTERS), "dead_letter", step)
         for files in written.values():
@@ -245,14 +242,17 @@ class InputLog:
             if time.monotonic() > deadline:
                 raise InputTimeoutError(f"the input of step {step} did not arrive within {timeout:g} s")
             time.sleep(0.1)
-        deltas, retracting = {}, set()
+        deltas, retracting, rows = {}, set(), 0
         for handle, schema in self.schemas.items():
             files = files_of_steps(open_table(self.uri(handle)), step, step)
+            if not files:  # an empty input: absent, so that the step knows it is empty
+                continue
+            rows += sum(f["num_records"] for f in files)
             paths = [f["uri"] for f in files]
             deltas[handle] = read_files(self.spark, self.uri(handle), _step_schema(schema), paths).where(F.col(STEP) == step).drop(STEP)
             if any(f[f"min.{WEIGHT}"] is None or f[f"min.{WEIGHT}"] < 0 for f in files):
                 retracting.add(handle)
-        return StepInput(deltas, retracting)
+        return StepInput(deltas, retracting, rows)
 
 
 class OutputLog:

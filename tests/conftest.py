@@ -1,19 +1,49 @@
+import os
+
 import pytest
 
-from circuits.spark import local_session
+from circuits.daemon import free_port
+from circuits.spark import connect_server, local_session, remote_session, stop_connect_server
+
+CLASSIC = "DBSP_TEST_CLASSIC"
+"""Set (to anything) to run the tests on a classic in-process session instead of Spark
+Connect.  One process cannot hold both kinds: PySpark picks the kind of its columns and
+functions per process."""
+
+# Test data is tiny: compiling generated code costs more than it saves.
+TEST_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """One SparkSession for the whole test session (starting one takes seconds)."""
-    session = local_session(
-        cores=2,
-        app_name="dbsp-tests",
-        # Test data is tiny: compiling generated code costs more than it saves.
-        extra={"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"},
-    )
+def connect_url(tmp_path_factory):
+    """A Spark Connect server of the test session's own (started the way ``dbsp`` starts
+    the embedded one), stopped at the end."""
+    if os.environ.get(CLASSIC):
+        pytest.skip("a Spark Connect test; this run is classic")
+    state_dir, port = str(tmp_path_factory.mktemp("spark")), free_port()
+    url = connect_server(state_dir, port, driver_memory="2g", conf=TEST_CONF)
+    yield url
+    stop_connect_server(state_dir, port)
+
+
+@pytest.fixture(scope="session")
+def spark(request):
+    """One SparkSession for the whole test session: over Spark Connect, or classic when
+    :data:`CLASSIC` is set."""
+    if os.environ.get(CLASSIC):
+        session = local_session(cores=2, app_name="dbsp-tests", extra=TEST_CONF)
+    else:
+        session = remote_session(request.getfixturevalue("connect_url"))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_resource(request) -> dict:
+    """The Dagster ``resources.spark`` settings for the test session's Spark."""
+    if os.environ.get(CLASSIC):
+        return {"master": "local[2]", "conf": TEST_CONF}
+    return {"remote": request.getfixturevalue("connect_url")}
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from sensors.kafka import KafkaClient
 from storage.pipeline import Pipeline
 
 
-def project_settings(root: str, bootstrap: str, name: str, **settings) -> dict:
+def project_settings(root: str, bootstrap: str, name: str, spark: dict | None = None, **settings) -> dict:
     return {
         "pipelines": [
             {
@@ -33,16 +33,17 @@ def project_settings(root: str, bootstrap: str, name: str, **settings) -> dict:
                 **settings,
             }
         ],
-        "resources": {"store": {"root": root}, "kafka": {"bootstrap_servers": bootstrap}},
+        "resources": {"store": {"root": root}, "kafka": {"bootstrap_servers": bootstrap}, "spark": spark or {}},
     }
 
 
 class Harness:
     def __init__(
-        self, tmp_path, bootstrap: str, instance: DagsterInstance, create_topics: bool = True, name: str | None = None, **settings
+        self, tmp_path, bootstrap: str, instance: DagsterInstance, create_topics: bool = True, name: str | None = None,
+        spark: dict | None = None, **settings
     ) -> None:
         self.name = name or f"p{uuid.uuid4().hex[:8]}"
-        self.project = parse_project(project_settings(str(tmp_path / "store"), bootstrap, self.name, **settings), "test")
+        self.project = parse_project(project_settings(str(tmp_path / "store"), bootstrap, self.name, spark, **settings), "test")
         self.spec = self.project.pipelines[0]
         self.defs = build_definitions(self.project)
         self.instance = instance

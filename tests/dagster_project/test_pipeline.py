@@ -25,8 +25,8 @@ def versions(root: str) -> dict[str, int]:
     return {os.path.relpath(uri, root): open_table(uri).version() for uri in delta_tables(root) if not uri.endswith("_lease")}
 
 
-def test_steps_from_kafka_through_dagster_equal_recomputation(spark, broker, tmp_path, instance):
-    h = Harness(tmp_path, broker.bootstrap, instance)
+def test_steps_from_kafka_through_dagster_equal_recomputation(spark_resource, spark, broker, tmp_path, instance):
+    h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource)
     for produce in ({"count": 300}, {"count": 200, "deletes": 15}, {"count": 100, "deletes": 30}):
         h.produce(**produce)
         result = h.tick()
@@ -45,8 +45,8 @@ def test_steps_from_kafka_through_dagster_equal_recomputation(spark, broker, tmp
     assert set(instance.get_dynamic_partitions(f"{h.name}_steps")) == {f"{s:010d}" for s in range(3)}
 
 
-def test_backfill_is_one_run_reruns_change_nothing_and_gaps_are_named(spark, broker, tmp_path, instance):
-    h = Harness(tmp_path, broker.bootstrap, instance)
+def test_backfill_is_one_run_reruns_change_nothing_and_gaps_are_named(spark_resource, spark, broker, tmp_path, instance):
+    h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource)
     for _ in range(4):
         h.produce(100)
         h.tick()
@@ -70,8 +70,8 @@ def test_backfill_is_one_run_reruns_change_nothing_and_gaps_are_named(spark, bro
     assert integral(h.pipeline(spark).outputs.read("bids_by_category", 0, 3)) == h.expected_revenue()
 
 
-def test_malformed_records_go_to_the_dead_letter_table(spark, broker, tmp_path, instance):
-    h = Harness(tmp_path, broker.bootstrap, instance, topic_partitions=1)
+def test_malformed_records_go_to_the_dead_letter_table(spark_resource, spark, broker, tmp_path, instance):
+    h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource, topic_partitions=1)
     h.produce(200)
     bad = [b"not json", b'{"auction": 1}', b'{"auction": "x", "bidder": 1, "price": 2, "channel": "c", "date_time": 3}', b"\xff\xfe"]
     h.send("bids", bad)
@@ -88,18 +88,18 @@ def test_malformed_records_go_to_the_dead_letter_table(spark, broker, tmp_path, 
     assert integral(h.pipeline(spark).outputs.read("bids_by_category", 0, 0)) == h.expected_revenue()
 
 
-def test_a_broker_that_is_down_skips_and_records_nothing(tmp_path, instance):
+def test_a_broker_that_is_down_skips_and_records_nothing(spark_resource, tmp_path, instance):
     with LocalBroker() as gone:
         bootstrap = gone.bootstrap
-    h = Harness(tmp_path, bootstrap, instance, create_topics=False)
+    h = Harness(tmp_path, bootstrap, instance, spark=spark_resource, create_topics=False)
     result = h.tick()
     reason = result if isinstance(result, SkipReason) else result.skip_reason
     assert bootstrap in str(reason) and "bootstrap" in str(reason)
     assert status(h.root).divided_step == 0 and not os.path.exists(os.path.join(h.root, "_divisions"))
 
 
-def test_the_rescale_asset_moves_one_share_and_steps_go_on(spark, broker, tmp_path, instance):
-    h = Harness(tmp_path, broker.bootstrap, instance, workers=4)
+def test_the_rescale_asset_moves_one_share_and_steps_go_on(spark_resource, spark, broker, tmp_path, instance):
+    h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource, workers=4)
     h.produce(300)
     h.tick()
     assert h.run(0).success

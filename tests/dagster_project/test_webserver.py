@@ -5,7 +5,6 @@ processes (own SparkSession) against the test broker."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ import yaml
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
+from circuits.daemon import free_port
+from circuits.spark import stop_connect_server
 from dagster_project.cli import DAGSTER_YAML
 from storage.pipeline import status
 
@@ -76,10 +77,12 @@ def webserver(tmp_path, broker):
     (home / "dagster.yaml").write_text(DAGSTER_YAML)
     name = "served"
     config = tmp_path / "dbsp.yaml"
-    config.write_text(yaml.safe_dump(project_settings(str(tmp_path / "store"), broker.bootstrap, name)))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    # The runs use the embedded Spark Connect server, as ``dbsp dev`` does: the first run
+    # starts it (pid and log under $DBSP_HOME/spark), the next one reuses it.
+    spark_port = free_port()
+    settings = project_settings(str(tmp_path / "store"), broker.bootstrap, name, {"embedded_port": spark_port})
+    config.write_text(yaml.safe_dump(settings))
+    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "DBSP_CONFIG": str(config), "DBSP_HOME": str(tmp_path)}
     log = open(tmp_path / "webserver.log", "wb")
     server = subprocess.Popen(
@@ -105,12 +108,13 @@ def webserver(tmp_path, broker):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
         log.close()
+        stop_connect_server(str(tmp_path / "spark"), spark_port)
 
 
-def test_backfill_and_run_launched_through_graphql(spark, broker, tmp_path, webserver):
+def test_backfill_and_run_launched_through_graphql(spark, spark_resource, broker, tmp_path, webserver):
     port, home, name = webserver
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
-    served = Harness(tmp_path, broker.bootstrap, instance, name=name)  # the pipeline the webserver serves
+    served = Harness(tmp_path, broker.bootstrap, instance, name=name, spark=spark_resource)  # the pipeline the webserver serves
     for _ in range(2):
         served.produce(200)
         assert served.tick().run_requests

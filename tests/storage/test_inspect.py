@@ -1,5 +1,6 @@
 """The asset checks' queries over an output log."""
 
+from circuits.spark import round_trips
 from storage.inspect import count_each, not_a_set, unconsolidated
 
 COLUMNS = "k string, v long, _weight long, _step long"
@@ -28,9 +29,6 @@ def test_unconsolidated_finds_zero_weights_and_repeated_rows_of_a_step(spark):
 def test_count_each_counts_every_query_with_one_job(spark):
     rows = spark.range(10)
     queries = {"all": rows, "odd": rows.where("id % 2 = 1"), "none": rows.where("id < 0"), "big": rows.where("id > 6")}
-    spark.sparkContext.setJobGroup("count_each", "count_each")
-    try:
+    with round_trips(spark) as calls:
         assert count_each(queries) == {"all": 10, "odd": 5, "none": 0, "big": 3}
-    finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
-    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup("count_each")) == 1
+    assert calls["ExecutePlan"] == 1

@@ -1,0 +1,161 @@
+"""What a step of the demo circuit costs over Spark Connect, against the same steps in a
+classic in-process session, measured in the same run.
+
+The demo circuit (four views: bids_by_category, q3, q4, q15) runs durably (Delta state,
+input and output logs, a checkpoint per step) on ``--events`` Nexmark events per step,
+for ``--steps`` steps after ``--warmup`` unrecorded ones, and then on one-row steps (one
+bid each).  Each mode runs in a process of its own (PySpark holds one kind of session per
+process): ``connect`` on a Spark Connect server started for the run (as ``dbsp`` starts
+the embedded one), ``classic`` in a ``local[2]`` session.  Per mode and kind of step:
+median wall seconds of the step (submit + run: input write, plan, job, commits), of its
+compute-and-write phase, and, over Connect, round trips to the server per step by kind
+(ExecutePlan runs a job or a command, AnalyzePlan asks for a schema or caches, Config
+sets a setting).  Finally it checks each mode's maintained q4 against Spark batch SQL
+over its input log.
+
+    python bench/lean_steps.py --events 1000 --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from circuits.library import nexmark_circuit  # noqa: E402
+from circuits.library.nexmark import NexmarkGenerator, nexmark_inputs  # noqa: E402
+from circuits.library.nexmark_queries import RECOMPUTE_SQL  # noqa: E402
+from storage.logs import Range, read_steps  # noqa: E402
+from storage.pipeline import Pipeline  # noqa: E402
+
+
+def count_round_trips(spark) -> Counter:
+    """Counts the calls of every RPC of ``spark``'s Connect client."""
+    calls: Counter = Counter()
+    stub = spark.client._stub  # noqa: SLF001 - counting is all this touches
+
+    for name in ("ExecutePlan", "AnalyzePlan", "Config", "ReleaseExecute", "ReattachExecute", "AddArtifacts"):
+        method = getattr(stub, name)
+
+        def counted(*args, _name=name, _method=method, **kwargs):
+            calls[_name] += 1
+            if os.environ.get("LEAN_TRACE"):
+                started = time.perf_counter()
+                result = _method(*args, **kwargs)
+                if _name == "ExecutePlan":
+                    result = list(result)
+                import traceback
+                site = [f"{os.path.basename(f.filename)}:{f.lineno}:{f.name}" for f in traceback.extract_stack()
+                        if "/work/main/" in f.filename and ".venv" not in f.filename and "lean_steps" not in f.filename][-2:]
+                print(f"{_name} {time.perf_counter() - started:.3f} {' < '.join(reversed(site))}", file=sys.stderr)
+                return result
+            return _method(*args, **kwargs)
+
+        setattr(stub, name, counted)
+    return calls
+
+
+def measure(mode: str, url: str | None, events: int, steps: int, warmup: int, root: str) -> dict:
+    from circuits.spark import local_session, remote_session
+
+    spark = remote_session(url) if mode == "connect" else local_session(2)
+    calls = count_round_trips(spark) if mode == "connect" else Counter()
+    pipeline = Pipeline(spark, root, nexmark_circuit(), workers=2)
+    generator = NexmarkGenerator()
+    figures: dict[str, list] = {"step": [], "compute": [], "one_row_step": [], "one_row_compute": [], "rpcs": [], "one_row_rpcs": []}
+    step, first = 0, 0
+
+    def run(inputs: dict, kind: str) -> None:
+        nonlocal step
+        pipeline.timings.clear()
+        before = Counter(calls)
+        started = time.perf_counter()
+        pipeline.submit(step, inputs, [Range("bench", 0, step, step + 1)])
+        pipeline.run()
+        wall = time.perf_counter() - started
+        if kind:
+            figures[kind].append(wall)
+            figures["compute" if kind == "step" else "one_row_compute"].append(pipeline.timings["compute_and_write"])
+            figures["rpcs" if kind == "step" else "one_row_rpcs"].append(dict(calls - before))
+        step += 1
+
+    for i in range(warmup + steps):
+        batch = list(generator.events(first, events))
+        first += events
+        run({name: df for name, df in nexmark_inputs(spark, batch).items()}, "step" if i >= warmup else "")
+    for i in range(warmup + steps):
+        bid = [("bids", (1000 + i % 3, 1000, 10 + i, "Google", generator.start_ms + first * 100))]
+        run({"bids": nexmark_inputs(spark, bid)["bids"]}, "one_row_step" if i >= warmup else "")
+    last = step - 1
+    for handle in pipeline.circuit.inputs:
+        _integral(read_steps(spark, pipeline.inputs.uri(handle), 0, last)).createOrReplaceTempView(handle)
+    recomputed = Counter(tuple(round(v, 6) for v in r) for r in spark.sql(RECOMPUTE_SQL["q4"]).collect())
+    maintained = Counter(tuple(round(v, 6) for v in r) for r in _integral(pipeline.outputs.read("q4", 0, last)).collect())
+    figures["q4_matches"] = recomputed == maintained
+    return figures
+
+
+def _integral(changes):
+    from dagster_project.demo import integral
+
+    return integral(changes)
+
+
+def summary(mode: str, figures: dict) -> list[str]:
+    def rpcs(samples: list[dict]) -> str:
+        kinds = sorted({k for s in samples for k in s})
+        return ", ".join(f"{k} {statistics.median(s.get(k, 0) for s in samples):g}" for k in kinds) or "-"
+
+    return [
+        f"{mode:8s} {statistics.median(figures['step']):7.2f} s step  {statistics.median(figures['compute']):6.2f} s compute+write"
+        f"  | one-row {statistics.median(figures['one_row_step']):5.2f} s step  {statistics.median(figures['one_row_compute']):5.2f} s compute+write"
+        f"  | q4 equals batch SQL: {figures['q4_matches']}",
+        f"{'':8s} round trips per step: {rpcs(figures['rpcs'])}; one-row: {rpcs(figures['one_row_rpcs'])}",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1000, help="Nexmark events per step")
+    parser.add_argument("--steps", type=int, default=5, help="measured steps of each kind (medians)")
+    parser.add_argument("--warmup", type=int, default=2, help="unrecorded steps of each kind first")
+    parser.add_argument("--modes", nargs="+", default=["connect", "classic"], choices=["connect", "classic"])
+    parser.add_argument("--mode", help=argparse.SUPPRESS)  # a child process measuring one mode
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mode:
+        root = tempfile.mkdtemp(prefix=f"dbsp-lean-{args.mode}-")
+        try:
+            print(json.dumps(measure(args.mode, args.url, args.events, args.steps, args.warmup, root)))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
+    from circuits.daemon import free_port
+    from circuits.spark import connect_server, stop_connect_server
+
+    state_dir, port = tempfile.mkdtemp(prefix="dbsp-lean-server-"), free_port()
+    url = connect_server(state_dir, port) if "connect" in args.modes else None
+    lines = [f"demo circuit, {args.events} events per step, {args.steps} steps after {args.warmup} warm-up, medians"]
+    try:
+        for mode in args.modes:
+            child = [sys.executable, __file__, "--mode", mode, "--url", url or "", "--events", str(args.events),
+                     "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
+            lines += summary(mode, json.loads(out.strip().splitlines()[-1]))
+    finally:
+        if url:
+            stop_connect_server(state_dir, port)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
