@@ -80,11 +80,15 @@ def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = 
     return spark
 
 
-def remote_session(url: str, extra: dict[str, str] | None = None, setting: str = "resources.spark.remote") -> SparkSession:
+def remote_session(
+    url: str, extra: dict[str, str] | None = None, setting: str = "resources.spark.remote", fresh: bool = False
+) -> SparkSession:
     """A session on the Spark Connect server at ``url`` (``sc://host:port``) with the
-    engine's settings.  Fails at once, naming ``setting``, when nothing answers there; a
-    server that stops answering mid-step fails the step within seconds, not minutes."""
+    engine's settings: this process's (``fresh``: a new one).  Fails at once, naming
+    ``setting``, when nothing answers there; a server that stops answering mid-step fails
+    the step within seconds, not minutes."""
     from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
 
     parsed = urlparse(url)
     if parsed.scheme != "sc" or not parsed.hostname:
@@ -95,10 +99,10 @@ def remote_session(url: str, extra: dict[str, str] | None = None, setting: str =
             f"no Spark Connect server answers at {url} ({setting}); start one there "
             "(pyspark's sbin/start-connect-server.sh) or remove the setting to use the embedded local server"
         )
-    builder = SparkSession.builder.remote(url)
-    for key, value in {**ENGINE_CONF, **(extra or {})}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # What SparkSession.builder.remote() does too: PySpark's functions build Connect columns.
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    builder = RemoteSession.builder.remote(url).config(map={**ENGINE_CONF, **(extra or {})})
+    spark = builder.create() if fresh else builder.getOrCreate()
     # The default policy retries an unreachable server for ten minutes.
     spark.client.set_retry_policies([DefaultPolicy(max_retries=4, initial_backoff=100, max_backoff=2000)])
     return spark

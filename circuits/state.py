@@ -29,9 +29,7 @@ with different values never share a file, so each file holds one worker's vnodes
 def pack(parts: dict[str, DataFrame]) -> DataFrame:
     """All ``parts`` as one DataFrame: a destination number and one struct column per part,
     so that one Spark job computes them all and runs shared shuffles once."""
-    branches = [
-        df.select(F.lit(i).alias(DEST), F.struct(*df.columns).alias(f"_d{i}")) for i, df in enumerate(parts.values())
-    ]
+    branches = [df.select(F.lit(i).alias(DEST), F.struct("*").alias(f"_d{i}")) for i, df in enumerate(parts.values())]
     return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), branches)
 
 

@@ -1,7 +1,7 @@
 """``dbsp``: the project's command line.
 
 Local state lives under ``$DBSP_HOME`` (default ``./.dbsp``): the pipelines' Delta tables,
-the embedded broker's pid and log, and the Dagster home (``$DAGSTER_HOME`` unless set),
+the embedded broker's and Spark Connect server's pids and logs, and the Dagster home (``$DAGSTER_HOME`` unless set),
 so partitions, runs and sensor cursors survive a restart.
 """
 
@@ -10,6 +10,8 @@ import os
 import sys
 
 from circuits.errors import DbspError
+from circuits.spark import stop_connect_server
+from sensors.broker import stop_local_broker
 from sensors.ingest import run_steps
 from sensors.status import report
 from storage.pipeline import status as position
@@ -107,6 +109,18 @@ def rescale(args: argparse.Namespace) -> int:
     return 0
 
 
+def stop(args: argparse.Namespace) -> int:
+    """Stops the embedded Kafka broker and Spark Connect server that ``dbsp`` started."""
+    resources = build_resources(load_project(args.config))
+    spark_port, broker_port = resources["spark"].embedded_port, resources["kafka"].embedded_port
+    for what, stopped in (
+        (f"Spark Connect server on port {spark_port}", stop_connect_server(home("spark"), spark_port)),
+        (f"Kafka broker on port {broker_port} (its records are gone)", stop_local_broker(broker_port, home("broker"))),
+    ):
+        print(f"{'stopped' if stopped else 'not running:'} the embedded {what}")
+    return 0
+
+
 def dev(args: argparse.Namespace) -> int:
     """``dagster dev`` on this project's workspace with the project's Dagster home."""
     target = ["-w", "workspace.yaml"] if os.path.exists("workspace.yaml") else ["-m", "dagster_project.definitions"]
@@ -128,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, text in (
         ("status", status, "committed step, checkpoint, layout, lease and lag per partition"),
         ("recover", recover, "run every divided but uncommitted step"),
+        ("stop", stop, "stop the embedded Kafka broker and Spark Connect server"),
     ):
         c = commands.add_parser(name, help=text)
         c.set_defaults(run=fn)

@@ -63,6 +63,10 @@ _CHECKPOINT_SCHEMA = pa.schema(
 SMALL_TRACE_ROWS = 10_000
 """A trace of at most this many rows (by its files' statistics) is shuffled whole to a
 step's keys: that costs less than the broadcast job that would filter it."""
+COMPACT_FILES = 16
+"""A small trace spread over more files than this is rewritten whole, consolidated, by the
+next step that adds to it, in that step's own job: every lookup reads a small trace
+whole, and each file costs more to open than its rows cost to read."""
 
 
 class DeltaStateStore(StateStore):
@@ -85,6 +89,7 @@ class DeltaStateStore(StateStore):
         self._meta: dict[str, str] = {}
         self.written_outputs: dict[str, WrittenFiles] = {}
         self._pending: dict[str, WrittenFiles] = {}
+        self._rewrites: dict[str, list[str]] = {}
 
     # -- the seed's database interface ------------------------------------------------
 
@@ -200,14 +205,26 @@ class DeltaStateStore(StateStore):
         rows = add_actions(self._pinned(table)).column("num_records").to_pylist()
         return None not in rows and sum(rows) <= SMALL_TRACE_ROWS
 
+    def _crowded(self, table: str) -> bool:
+        """Whether trace ``table`` is small and spread over more than :data:`COMPACT_FILES` files."""
+        return self.is_small(table) and len(paths(self._pinned(table))) > COMPACT_FILES
+
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
-        targets = {}
+        """See :meth:`circuits.state.StateStore.materialize`.  A crowded small trace (see
+        :data:`COMPACT_FILES`) is written whole, consolidated with the step's delta, and
+        :meth:`apply` replaces its files."""
+        targets, layout, self._rewrites = {}, self.layout(), {}
         for name, df in parts.items():
             if name.startswith(OUTPUT):
                 step = F.lit(self._step).cast("bigint")
                 targets[name] = (output_uri(self.root, name[len(OUTPUT):]), df.withColumn(STEP, step))
-            else:
-                targets[name] = (self._uri(name[len(STATE):]), df)
+                continue
+            table = name[len(STATE):]
+            if layout is not None and table in self._tables and self._crowded(table):
+                self._rewrites[table] = paths(self._pinned(table))
+                whole = consolidate(self.scan(table).unionByName(df.drop(FILE)))
+                df = whole.withColumn(FILE, layout.worker_of(F.col(VNODE)))
+            targets[name] = (self._uri(table), df)
         written = write_tables(targets)
         self.written_outputs = {n[len(OUTPUT):]: w for n, w in written.items() if n.startswith(OUTPUT)}
         self._pending = {n[len(STATE):]: w for n, w in written.items() if n.startswith(STATE)}
@@ -217,8 +234,9 @@ class DeltaStateStore(StateStore):
         for name in deltas:
             files = self._pending.pop(name)
             failpoint("during_state", self._step)
-            if files.actions:
-                self._tables[name] = commit(files, "step", self._step, base=self._tables.get(name, 0))
+            rewritten = self._rewrites.pop(name, None)
+            if files.actions or rewritten:
+                self._tables[name] = commit(files, "step", self._step, base=self._tables.get(name, 0), remove=rewritten)
             else:
                 self._tables.setdefault(name, 0)  # version 0: created empty by write_tables
 

@@ -126,7 +126,10 @@ def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFi
     targets = {}
     for i, name in enumerate(names):
         uri, df = parts[name]
-        schema = arrow_schema(df.drop(FILE).schema)
+        # An existing table's schema is the frame's (a writer's cast fails otherwise), and
+        # reading it from the Delta log saves a round trip to Spark.
+        table = open_table(uri)
+        schema = pa.schema(table.schema().to_arrow()) if table is not None else arrow_schema(df.drop(FILE).schema)
         ensure_table(uri, schema)
         targets[i] = (uri, schema)
     packed = pack({name: df for name, (_, df) in parts.items()})

@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,33 @@ def test_recovery_after_kill_9_matches_a_run_without_crashes(spark, reference, t
     print(f"\ncrash runs: {RUNS}, crashes injected: {crashes}, fault points covered: {sorted(covered)}, mismatches: {mismatches}")
     assert covered >= set(POINTS) or RUNS < len(POINTS)
     assert mismatches == 0
+
+
+def test_a_spark_connect_server_that_dies_mid_step_fails_it_and_the_next_run_recovers(spark, reference, tmp_path):
+    """A worker process runs the workload over a Spark Connect server of its own, which is
+    killed (SIGKILL) as soon as the first checkpoint is committed, while the worker submits
+    and runs the last step.  The worker fails within seconds with an error; the next run
+    (here on the test session's server) ends with the same output log."""
+    from circuits.daemon import Daemon, free_port
+    from circuits.spark import connect_server
+
+    state_dir, port, root = str(tmp_path / "spark"), free_port(), str(tmp_path / "store")
+    url = connect_server(state_dir, port, driver_memory="1g", conf=workload.TEST_SPARK_CONF)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.storage.workload", root, "0", str(STEPS), str(INTERVAL), url],
+        cwd=PROJECT, env={**os.environ, "PYTHONPATH": str(PROJECT)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not os.path.exists(os.path.join(root, "_checkpoints")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(Daemon("spark-connect", port, state_dir).pid(), signal.SIGKILL)
+        started = time.monotonic()
+        worker.wait(timeout=120)
+        assert worker.returncode > 0, "the worker finished before the server died, or did not fail by an error"
+        assert time.monotonic() - started < 60
+    finally:
+        worker.kill()
+        Daemon("spark-connect", port, state_dir).stop()
+    recovered = workload.drive(spark, root, 0, STEPS, INTERVAL)
+    assert workload.output_log(recovered, STEPS) == reference

@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 
 from circuits.library import NexmarkGenerator, nexmark_circuit, nexmark_inputs
-from circuits.spark import session
+from circuits.spark import remote_session, session
 from storage.logs import Range
 from storage.pipeline import Pipeline
 
@@ -65,6 +65,8 @@ def output_log(pipeline: Pipeline, steps: int) -> dict[str, Counter]:
 
 if __name__ == "__main__":
     root, seed, steps, interval = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    # An optional fifth argument is a Spark master URL (the standalone cluster test).
+    # An optional fifth argument is a Spark master URL (the standalone cluster test) or a
+    # Spark Connect server's.
     master = sys.argv[5] if len(sys.argv) > 5 else "local[1]"
-    drive(session(master, app_name="crash-worker", extra=TEST_SPARK_CONF), root, seed, steps, interval)
+    spark = remote_session(master) if master.startswith("sc://") else session(master, "crash-worker", TEST_SPARK_CONF)
+    drive(spark, root, seed, steps, interval)
