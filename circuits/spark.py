@@ -155,15 +155,16 @@ def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "loca
 
 
 def _probe(url: str, log_path: str) -> None:
-    """Runs a trivial query on the server at ``url``: a listening but hung server fails it."""
-    from pyspark.sql.connect.session import SparkSession as RemoteSession
+    """Asks the server at ``url`` for a setting: a listening but hung server fails it."""
+    from pyspark.sql.connect.client import SparkConnectClient
 
     try:
-        probe = RemoteSession.builder.remote(url).create()
+        # A bare client: a session of this process would outlive the probe.
+        probe = SparkConnectClient(url, retry_policy={"max_retries": 2})
         try:
-            probe.range(1).collect()
+            probe.get_configs("spark.app.name")
         finally:
-            probe.stop()
+            probe.close()
     except Exception as e:  # noqa: BLE001 - any failure means unhealthy
         raise SparkUnavailableError(f"the Spark Connect server at {url} does not answer ({e}); see {log_path}") from e
 
