@@ -111,11 +111,13 @@ class Circuit:
         }
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
-    def plan(self, step: StepContext) -> dict[str, DataFrame]:
+    def plan(self, step: StepContext, analyze: bool = False) -> dict[str, DataFrame]:
         """Plans one step (no Spark job runs): the output deltas, consolidated.
 
-        Operators stage their state deltas in ``step.staged``.
-        """
+        Operators stage their state deltas in ``step.staged``.  With ``analyze``, Spark
+        analyses each node's delta as it is planned, so that an unresolvable expression
+        is reported with its operator (over Spark Connect, plans are analysed only when
+        Spark is asked about them)."""
         deltas: dict[int, DataFrame] = {}
         append_only: dict[int, bool] = {}
         empty: dict[int, bool] = {}
@@ -136,6 +138,10 @@ class Circuit:
             try:
                 ctx = NodeContext(step, node.label, inputs_append_only, empty[node.id])
                 delta = node.operator.evaluate(ctx, *(deltas[i] for i in node.inputs))
+                if analyze:
+                    # Any question about the plan makes Spark analyse it (not .schema: a Connect
+                    # client answers that from the parent's where it cannot change, as for a filter).
+                    delta.isLocal()
                 # Spark plans are trees: a delta read by several operators, or produced by a
                 # stateful one (whose plan is large), is shared so that later plans refer to it
                 # instead of copying its whole subtree.
@@ -172,7 +178,7 @@ class Circuit:
             empty_inputs=frozenset(self.inputs),
         )
         try:
-            return {name: df.schema for name, df in self.plan(step).items()}
+            return {name: df.schema for name, df in self.plan(step, analyze=True).items()}
         finally:
             step.release()
 
