@@ -89,7 +89,8 @@ def _writer(targets: dict[int, tuple[str, pa.Schema]]) -> Callable[[Iterator[pa.
                 files = flat.column(FILE) if FILE in flat.column_names else None
                 for key in [None] if files is None else pc.unique(files).to_pylist():
                     piece = flat if files is None else flat.filter(pc.equal(files, key)).drop_columns([FILE])
-                    pieces.setdefault((dest, key), []).append(piece.cast(targets[dest][1]))
+                    target = targets[dest][1]
+                    pieces.setdefault((dest, key), []).append(piece.select(target.names).cast(target))
         described = []
         for (dest, _), tables in pieces.items():
             uri, _schema = targets[dest]

@@ -154,11 +154,11 @@ def test_a_write_failing_midway_commits_nothing_and_the_retry_succeeds(spark, pi
 
     real_commit, calls = delta_module.commit, []
 
-    def failing_commit(files, app_id, version, base=None):
+    def failing_commit(files, app_id, version, base=None, remove=None):
         calls.append(files.uri)
         if len(calls) == 2:
             raise OSError("injected: disk went away")
-        return real_commit(files, app_id, version, base)
+        return real_commit(files, app_id, version, base, remove)
 
     monkeypatch.setattr("storage.database.commit", failing_commit)
     with pytest.raises(OSError, match="injected"):
