@@ -14,11 +14,15 @@ sets a setting).  Finally it checks each mode's maintained q4 against Spark batc
 over its input log.
 
     python bench/lean_steps.py --events 1000 --steps 5
+
+``LEAN_TRACE=1`` prints every round trip (RPC, seconds, call site) to stderr, see
+:func:`circuits.spark.round_trips`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -38,37 +42,18 @@ from storage.logs import Range, read_steps  # noqa: E402
 from storage.pipeline import Pipeline  # noqa: E402
 
 
-def count_round_trips(spark) -> Counter:
-    """Counts the calls of every RPC of ``spark``'s Connect client."""
-    calls: Counter = Counter()
-    stub = spark.client._stub  # noqa: SLF001 - counting is all this touches
-
-    for name in ("ExecutePlan", "AnalyzePlan", "Config", "ReleaseExecute", "ReattachExecute", "AddArtifacts"):
-        method = getattr(stub, name)
-
-        def counted(*args, _name=name, _method=method, **kwargs):
-            calls[_name] += 1
-            if os.environ.get("LEAN_TRACE"):
-                started = time.perf_counter()
-                result = _method(*args, **kwargs)
-                if _name == "ExecutePlan":
-                    result = list(result)
-                import traceback
-                site = [f"{os.path.basename(f.filename)}:{f.lineno}:{f.name}" for f in traceback.extract_stack()
-                        if "/work/main/" in f.filename and ".venv" not in f.filename and "lean_steps" not in f.filename][-2:]
-                print(f"{_name} {time.perf_counter() - started:.3f} {' < '.join(reversed(site))}", file=sys.stderr)
-                return result
-            return _method(*args, **kwargs)
-
-        setattr(stub, name, counted)
-    return calls
-
-
 def measure(mode: str, url: str | None, events: int, steps: int, warmup: int, root: str) -> dict:
-    from circuits.spark import local_session, remote_session
+    from circuits.spark import local_session, remote_session, round_trips
 
     spark = remote_session(url) if mode == "connect" else local_session(2)
-    calls = count_round_trips(spark) if mode == "connect" else Counter()
+    with contextlib.ExitStack() as stack:
+        calls = Counter()
+        if mode == "connect":
+            calls = stack.enter_context(round_trips(spark, sys.stderr if os.environ.get("LEAN_TRACE") else None))
+        return _steps(spark, calls, events, steps, warmup, root)
+
+
+def _steps(spark, calls: Counter, events: int, steps: int, warmup: int, root: str) -> dict:
     pipeline = Pipeline(spark, root, nexmark_circuit(), workers=2)
     generator = NexmarkGenerator()
     figures: dict[str, list] = {"step": [], "compute": [], "one_row_step": [], "one_row_compute": [], "rpcs": [], "one_row_rpcs": []}
@@ -149,7 +134,9 @@ def main() -> None:
         for mode in args.modes:
             child = [sys.executable, __file__, "--mode", mode, "--url", url or "", "--events", str(args.events),
                      "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
+            # A trace goes to the terminal; otherwise the children's Spark logging is dropped.
+            err = None if os.environ.get("LEAN_TRACE") else subprocess.DEVNULL
+            out = subprocess.run(child, check=True, stdout=subprocess.PIPE, stderr=err, text=True).stdout
             lines += summary(mode, json.loads(out.strip().splitlines()[-1]))
     finally:
         if url:

@@ -12,10 +12,12 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import reduce
+from typing import TextIO
 from urllib.parse import urlparse
 
 import pyspark
@@ -76,7 +78,8 @@ def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = 
     for key, value in {**ENGINE_CONF, **SERVER_CONF, **(extra or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")  # noqa: the classic session's own setting, not the engine's API
+    # The classic driver's own log level: the one use of sparkContext, outside the engine.
+    spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
@@ -175,10 +178,14 @@ def stop_connect_server(state_dir: str, port: int = CONNECT_PORT) -> bool:
 
 
 @contextmanager
-def round_trips(spark: SparkSession) -> Iterator[Counter]:
+def round_trips(spark: SparkSession, trace: TextIO | None = None) -> Iterator[Counter]:
     """Counts the round trips ``spark`` (a Spark Connect session) makes to its server
     during the block, by RPC: ``ExecutePlan`` runs an action or a command, ``AnalyzePlan``
-    asks for a schema (or caches a frame), ``Config`` reads or sets a setting."""
+    asks for a schema (or caches a frame), ``Config`` reads or sets a setting.
+
+    With ``trace``, each call is timed to its end (a streamed answer is read whole) and
+    written there, one line each: the RPC, its seconds, and the project's call sites that
+    made it (innermost first)."""
     calls: Counter = Counter()
     stub = spark.client._stub  # noqa: SLF001 - the client's RPCs have no public hook
     originals = {name: getattr(stub, name) for name in ("ExecutePlan", "AnalyzePlan", "Config")}
@@ -186,7 +193,15 @@ def round_trips(spark: SparkSession) -> Iterator[Counter]:
     def counted(name: str, method):
         def call(*args, **kwargs):
             calls[name] += 1
-            return method(*args, **kwargs)
+            if trace is None:
+                return method(*args, **kwargs)
+            started = time.perf_counter()
+            answer = method(*args, **kwargs)
+            answer = list(answer) if name == "ExecutePlan" else answer
+            sites = [f"{os.path.relpath(f.filename, _PROJECT)}:{f.lineno}:{f.name}" for f in traceback.extract_stack()
+                     if f.filename.startswith(_PROJECT) and "site-packages" not in f.filename and f.filename != __file__]
+            print(f"{name} {time.perf_counter() - started:.3f} {' < '.join(reversed(sites[-2:]))}", file=trace)
+            return answer
 
         return call
 
@@ -197,6 +212,9 @@ def round_trips(spark: SparkSession) -> Iterator[Counter]:
     finally:
         for name, method in originals.items():
             setattr(stub, name, method)
+
+
+_PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def aggregate_each(frames: Sequence[DataFrame], *aggregates: Column) -> list[tuple | None]:

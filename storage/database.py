@@ -205,10 +205,6 @@ class DeltaStateStore(StateStore):
         rows = add_actions(self._pinned(table)).column("num_records").to_pylist()
         return None not in rows and sum(rows) <= SMALL_TRACE_ROWS
 
-    def _crowded(self, table: str) -> bool:
-        """Whether trace ``table`` is small and spread over more than :data:`COMPACT_FILES` files."""
-        return self.is_small(table) and len(paths(self._pinned(table))) > COMPACT_FILES
-
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
         """See :meth:`circuits.state.StateStore.materialize`.  A crowded small trace (see
         :data:`COMPACT_FILES`) is written whole, consolidated with the step's delta, and
@@ -220,8 +216,9 @@ class DeltaStateStore(StateStore):
                 targets[name] = (output_uri(self.root, name[len(OUTPUT):]), df.withColumn(STEP, step))
                 continue
             table = name[len(STATE):]
-            if layout is not None and table in self._tables and self._crowded(table):
-                self._rewrites[table] = paths(self._pinned(table))
+            files = paths(self._pinned(table)) if layout is not None and self.is_small(table) else []
+            if len(files) > COMPACT_FILES:
+                self._rewrites[table] = files
                 whole = consolidate(self.scan(table).unionByName(df.drop(FILE)))
                 df = whole.withColumn(FILE, layout.worker_of(F.col(VNODE)))
             targets[name] = (self._uri(table), df)

@@ -130,9 +130,9 @@ def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFi
         # An existing table's schema is the frame's (a writer's cast fails otherwise), and
         # reading it from the Delta log saves a round trip to Spark.
         table = open_table(uri)
-        schema = pa.schema(table.schema().to_arrow()) if table is not None else arrow_schema(df.drop(FILE).schema)
-        ensure_table(uri, schema)
-        targets[i] = (uri, schema)
+        if table is None:
+            table = ensure_table(uri, arrow_schema(df.drop(FILE).schema))
+        targets[i] = (uri, pa.schema(table.schema().to_arrow()))
     packed = pack({name: df for name, (_, df) in parts.items()})
     try:
         described = packed.mapInArrow(_writer(targets), FILES_SCHEMA).collect()

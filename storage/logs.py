@@ -172,8 +172,8 @@ class StepInput:
     """Each input handle's delta of the step; a handle without rows is absent."""
     retracting: set[str]
     """The handles whose delta may hold a negative weight (by the files' statistics)."""
-    rows: int
-    """Rows of every delta together (by the files' statistics)."""
+    rows: int | None
+    """Rows of every delta together, by the files' statistics (None: a file has none)."""
 
 
 class InputLog:
@@ -247,7 +247,8 @@ class InputLog:
             files = files_of_steps(open_table(self.uri(handle)), step, step)
             if not files:  # an empty input: absent, so that the step knows it is empty
                 continue
-            rows += sum(f["num_records"] for f in files)
+            counts = [f["num_records"] for f in files]
+            rows = None if rows is None or None in counts else rows + sum(counts)
             paths = [f["uri"] for f in files]
             deltas[handle] = read_files(self.spark, self.uri(handle), _step_schema(schema), paths).where(F.col(STEP) == step).drop(STEP)
             if any(f[f"min.{WEIGHT}"] is None or f[f"min.{WEIGHT}"] < 0 for f in files):
