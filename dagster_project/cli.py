@@ -66,6 +66,7 @@ def demo(args: argparse.Namespace) -> int:
     for category, avg_final in sorted(result.q4):
         print(f"  category {category}: {avg_final:,.2f}")
     print(f"\nq4 equals Spark batch SQL over the whole input log: {result.q4_matches}")
+    print("The embedded Kafka broker and Spark Connect server keep running for the next command; `dbsp stop` stops them.")
     return 0 if result.q4_matches and result.steps else 1
 
 
