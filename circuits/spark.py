@@ -74,6 +74,9 @@ def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = 
     ``yarn``) with the engine's settings; an existing session in this process is reused."""
     # Python workers (mapInArrow) must run the interpreter that has this project's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # PySpark's mark of a Spark Connect process (see remote_session), inherited from a parent
+    # that used Connect, makes the classic builder refuse: this process is a classic one.
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**ENGINE_CONF, **SERVER_CONF, **(extra or {})}.items():
         builder = builder.config(key, value)
