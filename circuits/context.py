@@ -49,10 +49,12 @@ class StepContext:
         the step, which is then run again from the checkpoint.
 
         An ``empty`` ``df`` (known so from the circuit, not asked of Spark) is returned as a
-        provably empty relation instead: a leaf would hide that from the optimizer
-        downstream, and making one costs a round trip to Spark."""
+        provably empty relation instead, with its schema and none of its plan: a checkpoint
+        would hide the emptiness from the optimizer downstream, and chains of empty
+        operators' plans would otherwise nest deeper than a Spark Connect client can send
+        (about 50 relations)."""
         if empty:
-            return empty_like(df)
+            return empty_like(self.spark.createDataFrame([], df.schema))
         cut = df.localCheckpoint(eager=False)
         self.shared.append(cut)
         return cut

@@ -16,7 +16,6 @@ import traceback
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import reduce
 from typing import TextIO
 from urllib.parse import urlparse
 
@@ -26,6 +25,7 @@ from pyspark.sql import functions as F
 
 from .daemon import HOST, Daemon, listening
 from .errors import SparkUnavailableError
+from .zset import add
 
 ENGINE_CONF = {
     # A step is small and keyed by vnode: broadcasting a trace or letting AQE re-plan
@@ -226,6 +226,6 @@ def aggregate_each(frames: Sequence[DataFrame], *aggregates: Column) -> list[tup
     if not frames:
         return []
     labelled = [df.select(F.lit(i).alias("_frame"), "*") for i, df in enumerate(frames)]
-    rows = reduce(DataFrame.unionByName, labelled).groupBy("_frame").agg(*aggregates).collect()
+    rows = add(*labelled).groupBy("_frame").agg(*aggregates).collect()
     found = {row[0]: tuple(row[1:]) for row in rows}
     return [found.get(i) for i in range(len(frames))]

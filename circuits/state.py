@@ -13,12 +13,11 @@ The durable implementation lives in ``storage`` (Delta Lake);
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from functools import reduce
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from .zset import consolidate
+from .zset import add, consolidate
 
 DEST = "_dest"
 FILE = "_file"
@@ -30,7 +29,7 @@ def pack(parts: dict[str, DataFrame]) -> DataFrame:
     """All ``parts`` as one DataFrame: a destination number and one struct column per part,
     so that one Spark job computes them all and runs shared shuffles once."""
     branches = [df.select(F.lit(i).alias(DEST), F.struct("*").alias(f"_d{i}")) for i, df in enumerate(parts.values())]
-    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), branches)
+    return add(*branches, allow_missing=True)
 
 
 def unpack(packed: DataFrame, names: list[str]) -> dict[str, DataFrame]:
@@ -91,7 +90,7 @@ class InMemoryStateStore(StateStore):
 
     def scan(self, table: str) -> DataFrame | None:
         parts = self._parts.get(table)
-        return reduce(DataFrame.unionByName, parts) if parts else None
+        return add(*parts) if parts else None
 
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
         # The packed union has a partition per branch and worker; later scans would pay a

@@ -8,7 +8,6 @@ negative weights are deletions.  Two Z-sets are equal when they are equal after
 
 from __future__ import annotations
 
-from functools import reduce
 from typing import Iterable
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -38,9 +37,19 @@ def negate(df: DataFrame) -> DataFrame:
     return df.withColumn(WEIGHT, -weight())
 
 
-def add(*zsets: DataFrame) -> DataFrame:
-    """``Z1 + Z2 + ...``: the union of rows, weights summed on consolidation."""
-    return reduce(lambda a, b: a.unionByName(b), zsets)
+def add(*zsets: DataFrame, allow_missing: bool = False) -> DataFrame:
+    """``Z1 + Z2 + ...``: the union of rows, weights summed on consolidation; columns are
+    matched by name, in the first term's order (``allow_missing``: a column some terms
+    lack is null there).
+
+    The terms are united as a balanced tree, so a plan's depth grows with the logarithm of
+    their number: Spark Connect's client cannot send a checkpoint of a plan nested much
+    deeper than about 50 relations."""
+    terms = list(zsets)
+    while len(terms) > 1:
+        pairs = zip(terms[0::2], terms[1::2])
+        terms = [a.unionByName(b, allowMissingColumns=allow_missing) for a, b in pairs] + terms[len(terms) - len(terms) % 2:]
+    return terms[0]
 
 
 def consolidate(df: DataFrame, columns: Iterable[str] | None = None) -> DataFrame:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -11,7 +10,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..context import NodeContext
-from ..zset import WEIGHT, conform, weight
+from ..zset import WEIGHT, add, conform, weight
 from .base import Operator, expr_text
 
 
@@ -100,7 +99,7 @@ class Union(Operator):
 
     def evaluate(self, ctx: NodeContext, *deltas: DataFrame) -> DataFrame:
         first = deltas[0]
-        return reduce(lambda a, b: a.unionByName(b.select(*first.columns)), deltas)
+        return add(first, *[d.select(*first.columns) for d in deltas[1:]])
 
 
 class Negate(Operator):

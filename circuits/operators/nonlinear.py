@@ -8,7 +8,6 @@ touches: output = ``Q(state + Δ) - Q(state)`` restricted to those keys.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -126,7 +125,7 @@ class Aggregate(Operator):
             ctx.stage(f"values.{column}", values)
         state_columns = [c for c in template.columns if c not in (*keys, *ROUTED, WEIGHT)]
         after = (
-            reduce(DataFrame.unionByName, contributions)
+            add(*contributions)
             .groupBy(*ROUTED, *keys)
             .agg(*[self._combine(c) for c in state_columns])
             .where(F.col(_ROWS) != 0)
