@@ -8,7 +8,9 @@ so partitions, runs and sensor cursors survive a restart.
 import argparse
 import os
 import sys
+import traceback
 
+from circuits.daemon import listening
 from circuits.errors import DbspError
 from circuits.spark import stop_connect_server
 from sensors.broker import stop_local_broker
@@ -16,10 +18,12 @@ from sensors.ingest import run_steps
 from sensors.status import report
 from storage.pipeline import status as position
 
+from . import devserver
 from .config import HOME_ENV, home, load_project
-from .demo import run_demo
+from .console import Progress, log_path, output_to_log
+from .demo import DemoResult, run_demo
 from .factory import describe, open_pipeline
-from .resources import build_resources
+from .resources import EMBEDDED, build_resources
 
 DAGSTER_YAML = """\
 # Written by dbsp: one run per pipeline at a time, in the order requested (steps run in
@@ -59,15 +63,46 @@ def _pipeline(args: argparse.Namespace):
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Runs the Nexmark views end to end through Dagster and checks q4 against Spark batch SQL."""
+    """Runs the Nexmark views end to end through Dagster and checks q4 against Spark batch SQL.
+
+    The terminal gets progress and a line per step; Dagster's events and everything else
+    the run writes go to a log file under ``$DBSP_HOME/logs`` (also to the terminal with
+    ``--verbose``)."""
     project, _ = _pipeline(args)
-    result = run_demo(project, args.steps, args.events_per_step, args.seed, args.reset, log=print)
-    print("\nq4, average closing price per category (maintained incrementally, read from its Delta output log):")
-    for category, avg_final in sorted(result.q4):
-        print(f"  category {category}: {avg_final:,.2f}")
-    print(f"\nq4 equals Spark batch SQL over the whole input log: {result.q4_matches}")
-    print("The embedded Kafka broker and Spark Connect server keep running for the next command; `dbsp stop` stops them.")
-    return 0 if result.q4_matches and result.steps else 1
+    path = log_path(home("logs"), "demo")
+    with output_to_log(path, echo=args.verbose) as terminal:
+        # Verbose: the events scroll by, so no live line to garble them.
+        with Progress(terminal, live=False if args.verbose else None, mirror=None if args.verbose else sys.stdout) as progress:
+            progress.line(f"dbsp demo: {args.steps} steps of {args.events_per_step} Nexmark events, run through Dagster")
+            try:
+                result = run_demo(project, args.steps, args.events_per_step, args.seed, args.reset, progress)
+            except (Exception, KeyboardInterrupt) as e:  # the traceback goes to the log, one line to the terminal
+                traceback.print_exc()
+                interrupted = isinstance(e, KeyboardInterrupt)
+                progress.line("dbsp demo: interrupted" if interrupted else f"dbsp demo failed: {_reason(e)}")
+                progress.line(f"full log: {path}")
+                return 130 if interrupted else 1
+            for line in _demo_summary(result, _daemons_note(project), path):
+                progress.line(line)
+    return 0 if result.succeeded else 1
+
+
+def _reason(e: Exception) -> str:
+    # The project's own errors name the setting and the fix; others need their type.
+    return str(e) if isinstance(e, DbspError) else f"{type(e).__name__}: {e}"
+
+
+def _demo_summary(result: DemoResult, daemons: str, path: str) -> list[str]:
+    passed, checks = result.checks
+    return [
+        "",
+        "q4, average closing price per category (maintained incrementally, read from its Delta output log):",
+        *(f"  category {category}: {avg_final:,.2f}" for category, avg_final in sorted(result.q4)),
+        f"q4 equals Spark batch SQL over the whole input log: {'yes' if result.q4_matches else 'NO'}",
+        f"asset checks: {passed} of {checks} passed",
+        *([daemons] if daemons else []),
+        f"full log (Dagster's events, Spark's output): {path}",
+    ]
 
 
 def status(args: argparse.Namespace) -> int:
@@ -123,9 +158,38 @@ def stop(args: argparse.Namespace) -> int:
 
 
 def dev(args: argparse.Namespace) -> int:
-    """``dagster dev`` on this project's workspace with the project's Dagster home."""
+    """``dagster dev`` on this project's workspace with the project's Dagster home, stopped
+    whole by Ctrl-C (see :mod:`dagster_project.devserver`)."""
     target = ["-w", "workspace.yaml"] if os.path.exists("workspace.yaml") else ["-m", "dagster_project.definitions"]
-    os.execvp("dagster", ["dagster", "dev", *target, *args.dagster_args])
+    try:
+        problem = devserver.port_problem(*devserver.address(args.dagster_args))
+    except ValueError:
+        problem = None  # a malformed -p: dagster dev says what is wrong with it
+    if problem:
+        print(f"dbsp dev: {problem}; stop what listens there or choose another port: dbsp dev -p PORT", file=sys.stderr)
+        return 2
+    code = devserver.run(devserver.dagster_dev_command(target, args.dagster_args), say=lambda s: print(s, file=sys.stderr))
+    if code == devserver.INTERRUPTED:
+        print(f"dbsp dev: stopped. {_daemons_note(load_project(args.config))}".strip(), file=sys.stderr)
+    return code
+
+
+def _daemons_note(project) -> str:
+    """Which embedded daemons keep running after the command (they are shared on purpose)."""
+    resources = build_resources(project)
+    kafka, spark = resources["kafka"], resources["spark"]
+    running = [
+        f"{what} on port {port}"
+        for what, port, embedded in (
+            ("Kafka broker", kafka.embedded_port, kafka.bootstrap_servers == EMBEDDED),
+            ("Spark Connect server", spark.embedded_port, spark.remote == EMBEDDED and not spark.master),
+        )
+        if embedded and listening(port)
+    ]
+    if not running:
+        return ""
+    verb, them = ("keeps", "it") if len(running) == 1 else ("keep", "them")
+    return f"The embedded {' and '.join(running)} {verb} running for the next command; `dbsp stop` stops {them}."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--events-per-step", type=int, default=1000)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--reset", action="store_true", help="start the pipeline over (delete its Delta tables first)")
+    d.add_argument("--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)")
     d.set_defaults(run=demo)
 
     for name, fn, text in (
@@ -158,11 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         commands.choices[name].add_argument("--pipeline", help="pipeline name (default: the first configured)")
     commands.choices["recover"].add_argument("--break-lease", action="store_true", help="take the lease from a run that died")
 
-    v = commands.add_parser("dev", help="dagster dev with the project's Dagster home")
-    v.add_argument("dagster_args", nargs=argparse.REMAINDER)
+    # Every option after ``dev`` is dagster dev's (-p PORT, -h HOST, --help: its own help).
+    v = commands.add_parser("dev", help="dagster dev with the project's Dagster home (options: dagster dev's)", add_help=False)
     v.set_defaults(run=dev)
 
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "dev":
+        args.dagster_args = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     _prepare_home()
     try:
         return args.run(args)

@@ -8,33 +8,79 @@ read back from its output Delta table, against Spark batch SQL over the input lo
 
 import shutil
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dagster import DagsterInstance, build_sensor_context
+from dagster import DagsterInstance, EventLogEntry, build_sensor_context
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from circuits.daemon import listening
 from circuits.library.nexmark_queries import RECOMPUTE_SQL
 from circuits.zset import WEIGHT
 from storage.logs import STEP, read_steps
 from storage.pipeline import Pipeline, status
 
 from .config import PipelineSpec, ProjectSpec, load_object
+from .console import Progress
 from .factory import build_definitions, produce_events
+from .resources import EMBEDDED
+
+# The engine's phases (the step materialization's ``seconds/<phase>`` metadata), as shown.
+PHASES = {"ingest": "ingest", "read": "read", "compute_and_write": "compute", "output_commit": "output",
+          "checkpoint_commit": "checkpoint"}
+# What a step run is doing, by the Dagster event that starts it.
+RUN_PHASES = {
+    "RUN_START": "starting the run",
+    "RESOURCE_INIT_STARTED": "opening Spark, the store and Kafka",
+    "STEP_START": "running the circuit",
+    "ASSET_MATERIALIZATION": "recording the outputs",
+    "ASSET_CHECK_EVALUATION": "checking the outputs",
+}
+
+
+@dataclass
+class StepReport:
+    """One step run, from the metadata its materializations and checks recorded."""
+
+    step: int
+    events: tuple[int, int]
+    succeeded: bool
+    seconds: float
+    rows_in: int = 0
+    rows_out: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+    checks_passed: int = 0
+    checks: int = 0
+    error: str = ""
+
+    def line(self) -> str:
+        if not self.succeeded:
+            return f"step {self.step} FAILED after {self.seconds:.1f} s: {self.error}"
+        phases = " ".join(f"{PHASES.get(k, k)} {v:.1f}" for k, v in self.phases.items() if v >= 0.05)
+        return (f"step {self.step}: events {self.events[0]}..{self.events[1]}, rows {self.rows_in} in / "
+                f"{self.rows_out} out, {self.seconds:.1f} s ({phases})")
 
 
 @dataclass
 class DemoResult:
-    steps: list[int]
+    steps: list[StepReport]
     q4: Counter
     q4_matches: bool
-    step_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def checks(self) -> tuple[int, int]:
+        """Asset checks passed, and run, over every step."""
+        return sum(s.checks_passed for s in self.steps), sum(s.checks for s in self.steps)
+
+    @property
+    def succeeded(self) -> bool:
+        return bool(self.steps) and self.q4_matches and all(s.succeeded for s in self.steps)
 
 
 def run_demo(
-    project: ProjectSpec, steps: int, events_per_step: int, seed: int, reset: bool, log: Callable[[str], None]
+    project: ProjectSpec, steps: int, events_per_step: int, seed: int, reset: bool, progress: Progress
 ) -> DemoResult:
     """Produces ``steps`` batches of events; each becomes one step run through Dagster."""
     base = project.pipelines[0]
@@ -50,26 +96,92 @@ def run_demo(
         shutil.rmtree(root, ignore_errors=True)
     sensor = defs.resolve_sensor_def(f"{spec.name}_kafka_offsets")
     step_job = defs.resolve_job_def(f"{spec.name}_step_job")
-    source = kafka.source(spec)
-    log(f"broker {source.bootstrap_servers}, topics {sorted(source.topics.values())}, state under {root}")
-    ran, seconds = [], []
+    with progress.phase(_kafka_phase(kafka)):
+        source = kafka.source(spec)
+    progress.line(f"broker {source.bootstrap_servers}, topics {', '.join(sorted(source.topics.values()))}")
+    with progress.phase(_spark_phase(spark)):
+        session = spark.session()
+    progress.line(f"state under {root}")
+    reports = []
     for _ in range(steps):
-        start = produce_events(source, load_object(spec.producer), events_per_step, seed)
-        result = sensor(build_sensor_context(instance=instance, resources=resources))
+        if not all(r.succeeded for r in reports):
+            break  # the later steps would fail too: a step runs only after its predecessor
+        with progress.phase(f"producing {events_per_step} events"):
+            start = produce_events(source, load_object(spec.producer), events_per_step, seed)
+        with progress.phase("sensor tick: recording the next step's division"):
+            result = sensor(build_sensor_context(instance=instance, resources=resources))
         for request in result.dynamic_partitions_requests or []:
             instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
         for request in result.run_requests or []:
-            started = time.perf_counter()
-            outcome = step_job.execute_in_process(partition_key=request.partition_key, instance=instance, tags=request.tags)
-            seconds.append(time.perf_counter() - started)
-            ran.append(int(request.partition_key))
-            log(f"step {request.partition_key}: events {start}..{start + events_per_step} -> run {outcome.run_id[:8]} "
-                f"{'succeeded' if outcome.success else 'FAILED'} ({seconds[-1]:.1f} s)")
-    pipeline = Pipeline(spark.session(), root, spec.circuit_def, workers=spec.workers)
-    return _check_q4(pipeline, ran, seconds)
+            report = _run_step(step_job, instance, request, (start, start + events_per_step), progress)
+            progress.line(report.line())
+            reports.append(report)
+    with progress.phase("checking q4 against Spark batch SQL over the input log"):
+        pipeline = Pipeline(session, root, spec.circuit_def, workers=spec.workers)
+        return _check_q4(pipeline, reports)
 
 
-def _check_q4(pipeline: Pipeline, ran: list[int], seconds: list[float]) -> DemoResult:
+def _kafka_phase(kafka) -> str:
+    if kafka.bootstrap_servers != EMBEDDED:
+        return f"Kafka: connecting to {kafka.bootstrap_servers}"
+    return _embedded_phase("Kafka broker", kafka.embedded_port)
+
+
+def _spark_phase(spark) -> str:
+    if spark.master:
+        return f"Spark: starting a classic session on {spark.master}"
+    if spark.remote != EMBEDDED:
+        return f"Spark: connecting to {spark.remote}"
+    return _embedded_phase("Spark Connect server", spark.embedded_port)
+
+
+def _embedded_phase(what: str, port: int) -> str:
+    # A daemon that already listens is reused; only a cold start takes long.
+    return f"{what}: {'connecting to the running one' if listening(port) else 'starting it'} on port {port}"
+
+
+def _run_step(step_job, instance: DagsterInstance, request, events: tuple[int, int], progress: Progress) -> StepReport:
+    """Runs one step through Dagster, showing the run's phase live, and reports it."""
+    step = int(request.partition_key)
+    run_id = str(uuid.uuid4())  # known before the run starts, to follow its events
+    label = f"step {step}"
+
+    def follow(entry: EventLogEntry) -> None:
+        kind = entry.dagster_event_type.value if entry.dagster_event_type else None
+        if kind in RUN_PHASES:
+            progress.update(f"{label}: {RUN_PHASES[kind]}")
+
+    # Dagster calls the listener in this thread for each event the run stores.
+    instance.add_event_listener(run_id, follow)
+    with progress.phase(f"{label}: queued"):
+        started = time.perf_counter()
+        outcome = step_job.execute_in_process(
+            partition_key=request.partition_key, instance=instance, tags=request.tags, run_id=run_id,
+            raise_on_error=False,
+        )
+        seconds = time.perf_counter() - started
+    return step_report(step, events, outcome, seconds)
+
+
+def step_report(step: int, events: tuple[int, int], outcome, seconds: float) -> StepReport:
+    """A step's line from what its run recorded: every sink's materialization carries the
+    step's shared metadata (rows in, phase seconds) and its own ``rows_out``."""
+    report = StepReport(step, events, outcome.success, seconds)
+    for event in outcome.get_asset_materialization_events():
+        metadata = {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
+        report.rows_out += metadata.get("rows_out", 0)
+        report.rows_in = sum(v for k, v in metadata.items() if k.startswith("rows_in/"))
+        report.phases = {k.removeprefix("seconds/"): v for k, v in metadata.items() if k.startswith("seconds/")}
+    failures = [e for e in outcome.all_events if e.is_step_failure]
+    if failures:
+        # The first line of the error; the whole traceback is in the run's events (the log).
+        report.error = failures[0].step_failure_data.error.message.strip().splitlines()[0]
+    evaluations = outcome.get_asset_check_evaluations()
+    report.checks, report.checks_passed = len(evaluations), sum(e.passed for e in evaluations)
+    return report
+
+
+def _check_q4(pipeline: Pipeline, reports: list[StepReport]) -> DemoResult:
     """q4 integrated from its output log against Spark SQL over the integrated input log."""
     last = status(pipeline.root).committed_step - 1
     spark = pipeline.spark
@@ -77,7 +189,7 @@ def _check_q4(pipeline: Pipeline, ran: list[int], seconds: list[float]) -> DemoR
         integral(read_steps(spark, pipeline.inputs.uri(handle), 0, last)).createOrReplaceTempView(handle)
     recomputed = Counter(tuple(r) for r in spark.sql(RECOMPUTE_SQL["q4"]).collect())
     maintained = Counter(tuple(r) for r in integral(pipeline.outputs.read("q4", 0, last)).collect())
-    return DemoResult(ran, maintained, _rounded(maintained) == _rounded(recomputed), seconds)
+    return DemoResult(reports, maintained, _rounded(maintained) == _rounded(recomputed))
 
 
 def integral(changes: DataFrame) -> DataFrame:
