@@ -69,8 +69,8 @@ def run(command: Sequence[str], say: Callable[[str], None]) -> int:
     """Runs ``command`` until it ends or a SIGINT/SIGTERM; returns its exit code (130 when
     interrupted).  No process of the tree outlives the call by more than GRACE + TERM_GRACE."""
     _become_subreaper()
-    child = subprocess.Popen(command)  # our process group: a terminal's Ctrl-C reaches it too
     stop_at: list[float] = []
+    started: list[subprocess.Popen] = []
 
     def stop(signum, _frame) -> None:
         if stop_at:
@@ -79,12 +79,16 @@ def run(command: Sequence[str], say: Callable[[str], None]) -> int:
         if signum != signal.SIGINT:
             # A terminal's SIGINT reached the whole group already; SIGTERM (kill, a
             # supervisor) reached only us: ask dagster dev to stop the way Ctrl-C does.
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signal.SIGINT)
+            for child in started:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGINT)
         say("dbsp dev: stopping Dagster (webserver, daemon, code servers)...")
 
+    # Handlers first: a Ctrl-C right after the start must not kill dbsp and orphan the tree.
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        child = subprocess.Popen(command)  # our process group: a terminal's Ctrl-C reaches it too
+        started.append(child)
         while child.poll() is None and not (stop_at and time.monotonic() > stop_at[0]):
             time.sleep(0.1)
     finally:
