@@ -46,7 +46,9 @@ class StepContext:
         instead of copying ``df``'s plan (whose analysis, planning and broadcasts would
         then be paid once per copy).  Its rows are computed by the first job that needs
         them and kept in the executors until :meth:`release`; losing an executor fails
-        the step, which is then run again from the checkpoint.
+        the step, which is then run again from the checkpoint.  In a :attr:`single` step
+        the leaf is marked as the one partition it is (Spark cannot know a checkpoint's
+        partitioning), so joins and groupings over it need no exchange.
 
         An ``empty`` ``df`` (known so from the circuit, not asked of Spark) is returned as a
         provably empty relation instead, with its schema and none of its plan: a checkpoint
@@ -57,7 +59,7 @@ class StepContext:
             return empty_like(self.spark.createDataFrame([], df.schema))
         cut = df.localCheckpoint(eager=False)
         self.shared.append(cut)
-        return cut
+        return cut.coalesce(1) if self.single else cut
 
     def release(self) -> None:
         """Drops the step's shared frames.  Over Spark Connect, the last reference to a

@@ -18,7 +18,7 @@ from .circuit import Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError
 from .sharding import VNODE, Layout
-from .spark import aggregate_each
+from .spark import COMPILED, INTERPRETED, aggregate_each
 from .state import DEST, FILE, StateStore, pack
 from .zset import WEIGHT, empty, empty_like
 
@@ -96,7 +96,7 @@ class StepRunner:
         # When set, a step whose every input is empty is known to change nothing: its outputs
         # are empty with these schemas, and it needs no planning.
         schemas = json.loads(store.get_meta(OUTPUT_SCHEMAS_KEY) or "null")
-        self._shuffle_partitions: int | None = None
+        self._settings: dict[str, str] = {}
         self._empty_outputs = (
             {name: T.StructType.fromJson(s) for name, s in schemas.items()}
             if schemas is not None and all(n.operator.zero_preserving for n in circuit.nodes)
@@ -132,15 +132,13 @@ class StepRunner:
             nothing = {f"{OUTPUT}{n}": empty_like(self.spark.createDataFrame([], s)) for n, s in self._empty_outputs.items()}
             stored = self.store.materialize(nothing)
             return StepResult({name: stored[f"{OUTPUT}{name}"] for name in self._empty_outputs}, {})
-        if self._shuffle_partitions != self.layout.workers:
-            # Spark's own shuffles (there should be none left after the exchanges) use one
-            # partition per worker.  Set once: each setting is a round trip to Spark.
-            self.spark.conf.set("spark.sql.shuffle.partitions", str(self.layout.workers))
-            self._shuffle_partitions = self.layout.workers
+        single = rows is not None and rows <= self.small_step_rows
+        # Spark's own shuffles (there should be none left after the exchanges) use one
+        # partition per worker.
+        self._configure({"spark.sql.shuffle.partitions": str(self.layout.workers), **(INTERPRETED if single else COMPILED)})
         if retracting is None:
             retracting = _retracting({name: full[name] for name in self.append_only})
         append_only = self.append_only - set(retracting)
-        single = rows is not None and rows <= self.small_step_rows
         ctx = StepContext(self.spark, self.store, self.layout, full, append_only, empty_inputs, single)
         outputs = self.circuit.plan(ctx)
         parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
@@ -156,6 +154,13 @@ class StepRunner:
         self.append_only = append_only
         self.store.set_meta(APPEND_ONLY_KEY, json.dumps(sorted(append_only)))
         return StepResult({name: stored[f"{OUTPUT}{name}"] for name in outputs}, state)
+
+    def _configure(self, settings: dict[str, str]) -> None:
+        """Sets those of ``settings`` that this runner has not set yet: each is a round trip."""
+        for key, value in settings.items():
+            if self._settings.get(key) != value:
+                self.spark.conf.set(key, value)
+                self._settings[key] = value
 
 
 def _retracting(inputs: Mapping[str, DataFrame]) -> set[str]:

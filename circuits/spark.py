@@ -36,6 +36,10 @@ ENGINE_CONF = {
     # this lets Spark reuse that partitioning instead of shuffling again.
     "spark.sql.requireAllClusterKeysForCoPartition": "false",
     "spark.sql.session.timeZone": "UTC",
+    # A small step's frames sit in one partition, and a join of two such frames needs no
+    # exchange; Spark 4 shuffles them anyway when a side's estimated size passes this, and
+    # a checkpointed frame's size is unknown, so it always passes the default (128 MB).
+    "spark.sql.maxSinglePartitionBytes": str(2**62),
     # Checkpointed state carries the constraints of the plan that wrote it; propagating them
     # step after step grows the optimizer's work without bound.
     "spark.sql.constraintPropagation.enabled": "false",
@@ -46,12 +50,27 @@ ENGINE_CONF = {
     "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.PushDownLeftSemiAntiJoin",
 }
 
+INTERPRETED = {
+    # A small step is one task over a few thousand rows, planned anew each step: compiling
+    # its operators' code (thousands of classes a step, the codegen cache holds 100) cost
+    # more than half its time; interpreting its rows costs far less.
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+"""Settings of a small step (see :attr:`circuits.context.StepContext.single`)."""
+COMPILED = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+"""Settings of any other step: Spark's defaults."""
+
 SERVER_CONF = {
     # PySpark records the Python call site of every Column and DataFrame call for Spark's
     # error messages: a stack walk, a failed IPython import and four JVM calls each, which
     # made up most of a step's planning.  The engine names the user's call site itself.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
     "spark.ui.enabled": "false",
+    # A small step runs all its operators in one task, and each hash aggregate, join and
+    # sort takes a page of memory at least: at the default size (up to 64 MB) a step
+    # allocated gigabytes, and the collector spent a second a step freeing them.
+    "spark.buffer.pageSize": "2m",
     "spark.ui.showConsoleProgress": "false",
     # A step's shared frames are local checkpoints: blocks of RDDs no longer referenced
     # once the step ends.  The cleaner frees them after a JVM garbage collection; ask for
