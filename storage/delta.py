@@ -31,7 +31,10 @@ from circuits.zset import empty_like
 
 from .errors import CorruptTableError, StaleWriterError, StorageError
 
-FILES_SCHEMA = "dest int, path string, size long, rows long, stats string"
+FILES_SCHEMA = T.StructType(
+    [T.StructField(name, kind()) for name, kind in (("dest", T.IntegerType), ("path", T.StringType), ("size", T.LongType), ("rows", T.LongType), ("stats", T.StringType))]
+)
+"""What a writer task reports per file (a StructType: a DDL string is a round trip to Spark to parse)."""
 
 
 def arrow_schema(schema: T.StructType) -> pa.Schema:
@@ -92,10 +95,10 @@ def _writer(targets: dict[int, tuple[str, pa.Schema]]) -> Callable[[Iterator[pa.
                     target = targets[dest][1]
                     pieces.setdefault((dest, key), []).append(piece.select(target.names).cast(target))
         described = []
-        for (dest, _), tables in pieces.items():
+        for (dest, key), tables in pieces.items():
             uri, _schema = targets[dest]
             data = pa.concat_tables(tables)
-            name = f"part-{uuid.uuid4().hex}.parquet"
+            name = file_name(key)
             pq.write_table(data, os.path.join(uri, name))
             described.append((dest, name, os.path.getsize(os.path.join(uri, name)), data.num_rows, _stats(data)))
         yield pa.RecordBatch.from_pylist(
@@ -104,6 +107,23 @@ def _writer(targets: dict[int, tuple[str, pa.Schema]]) -> Callable[[Iterator[pa.
         )
 
     return write
+
+
+def file_name(key: object = None) -> str:
+    """A new data file's name: ``part-<key>-<uuid>.parquet`` for a file of one :data:`FILE`
+    value (so the key can be read back from the Delta log, see :func:`file_key`), else
+    ``part-<uuid>.parquet``."""
+    return f"part-{uuid.uuid4().hex}.parquet" if key is None else f"part-{key}-{uuid.uuid4().hex}.parquet"
+
+
+def file_key(path: str) -> int | None:
+    """The integer :data:`FILE` value a data file was named with by :func:`file_name`, or None."""
+    stem = os.path.basename(path).removeprefix("part-").removesuffix(".parquet")
+    key, _, rest = stem.rpartition("-")
+    try:
+        return int(key) if key and len(rest) == 32 else None
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -146,7 +166,12 @@ def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFi
 
 
 def commit(
-    files: WrittenFiles, app_id: str, version: int, base: int | None = None, remove: Collection[str] | None = None
+    files: WrittenFiles,
+    app_id: str,
+    version: int,
+    base: int | None = None,
+    remove: Collection[str] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> int:
     """Commits ``files`` as one Delta version, tagged with app transaction ``(app_id, version)``.
 
@@ -155,6 +180,7 @@ def commit(
     (this is how a stale writer is fenced off).  ``remove`` names files of the base
     version (paths relative to the table) to remove in the same commit.  delta-rs does not skip a repeated
     app-transaction version, so callers check :func:`transaction_version` first.
+    ``metadata`` goes into the commit's info (``DeltaTable.history()`` shows it).
     Returns the table's new version.
     """
     ensure_table(files.uri, files.schema)
@@ -173,7 +199,7 @@ def commit(
             actions,
             mode="append",
             schema=table.schema(),
-            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)], custom_metadata=metadata),
         )
     except CommitFailedError as e:
         raise StaleWriterError(f"{files.uri}: another writer committed {app_id} {version} first: {e}") from e

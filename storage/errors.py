@@ -41,3 +41,13 @@ class LeaseHeldError(StorageError):
 
 class StateFormatError(StorageError):
     """The state was written in a state format this engine does not read."""
+
+
+class ViewError(StorageError):
+    """A sink's current view (``views/<sink>``) cannot be read as asked: no such view, or a
+    step that is not committed or no longer retained."""
+
+
+class NegativeViewError(ViewError):
+    """A sink's change log adds up to a negative count for some row: the circuit, or the
+    input's retractions, deleted rows that were never there.  The view is not updated."""

@@ -16,6 +16,7 @@ POINTS = (
     "after_division",
     "after_input",
     "after_output",
+    "after_view",
     "during_state",
     "during_commit",
     "after_commit",

@@ -15,7 +15,7 @@ import dataclasses
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -28,10 +28,11 @@ from circuits.sharding import Layout
 
 from .database import DeltaStateStore, Relayout, latest_checkpoint
 from .delta import delta_tables
-from .errors import StaleWriterError, StepOrderError
+from .errors import StaleWriterError, StepOrderError, ViewError
 from .faults import failpoint
 from .lease import Lease
 from .logs import DivisionLog, InputLog, OutputLog, Range
+from .views import CurrentViews, retained_view_versions
 from .worker import Worker
 
 
@@ -87,7 +88,22 @@ def status(root: str) -> Status:
 
 
 class Pipeline:
-    def __init__(self, spark: SparkSession, root: str, circuit: Circuit, *, workers: int = 1, verify: bool = True):
+    def __init__(
+        self,
+        spark: SparkSession,
+        root: str,
+        circuit: Circuit,
+        *,
+        workers: int = 1,
+        verify: bool = True,
+        views: Collection[str] = (),
+    ):
+        """``views``: the outputs whose current contents are kept as Delta tables under
+        ``<root>/views`` (see :mod:`storage.views`); Dagster passes every sink that has
+        not opted out."""
+        unknown = set(views) - set(circuit.outputs)
+        if unknown:
+            raise ViewError(f"views: {sorted(unknown)} are not outputs of circuit {circuit.name!r}; its outputs are {sorted(circuit.outputs)}")
         self.spark = spark
         self.root = root
         self.circuit = circuit
@@ -96,6 +112,7 @@ class Pipeline:
         self.inputs = InputLog(spark, root, circuit.inputs)
         self.outputs = OutputLog(spark, root, verify=verify)
         self.state = DeltaStateStore(spark, root)
+        self.views = CurrentViews(spark, root, views, partitions=workers)
         self.lease = Lease(root)
         self.timings: Counter = Counter()
 
@@ -214,14 +231,17 @@ class Pipeline:
 
         Keeps, for every state table, the files of each version that an openable
         checkpoint pins, so recovery from the earliest retained checkpoint still works;
-        for the logs, the files of their latest version.  Run it when no run is active.
+        for the logs, the files of their latest version; for each current view, the versions
+        those checkpoints pin and its latest (so ``dbsp show --step`` reads the steps of
+        the retained checkpoints and the latest step).  Run it when no run is active.
         """
-        keep = self.state.retained_table_versions()
+        state = os.path.join(self.root, "state")
+        keep = {os.path.join(state, name): v for name, v in self.state.retained_table_versions().items()}
+        keep |= retained_view_versions(self.root)
         deleted = []
         for uri in delta_tables(self.root):
             table = DeltaTable(uri)
-            name = os.path.relpath(uri, os.path.join(self.root, "state"))
-            versions = sorted(keep.get(name, set()) | {table.version()})
+            versions = sorted(keep.get(uri, set()) | {table.version()})
             deleted += table.vacuum(
                 retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True, keep_versions=versions
             )

@@ -92,16 +92,20 @@ class Worker:
                 except (CancelledError, InputTimeoutError):
                     continue  # look at the state again
                 with pipeline.timed("compute_and_write"):
-                    runner.step(step_input.deltas, step_input.retracting, step_input.rows)
+                    runner.step(step_input.deltas, step_input.retracting, step_input.rows, conformed=True)
                 with pipeline.timed("output_commit"):
                     pipeline.outputs.write(step, pipeline.state.written_outputs)
                 failpoint("after_output", step)
+                with pipeline.timed("view_commit"):
+                    pipeline.views.update(step)  # from the committed log: skipped if done before a crash
+                failpoint("after_view", step)
                 step += 1
                 pipeline.state.set_step(step)  # the database's step is the next one to run
             if step > first:  # a run with nothing to do leaves no trace: no new version anywhere
                 with pipeline.timed("output_commit"):
                     pipeline.outputs.verify_replayed()
                 with pipeline.timed("checkpoint_commit"):
+                    pipeline.views.pin(pipeline.state)
                     pipeline.state.commit()
                 failpoint("after_commit", step - 1)
             self.next_step = step

@@ -1,8 +1,9 @@
 """Crash injection: kill -9 a pipeline process at every named fault point and at random
 moments; after recovery the output log equals that of a run without crashes, step by step.
 
-``DBSP_CRASH_RUNS`` sets how many crash runs (default 7: every fault point once, plus
-random kills at any moment); the full campaign is ``DBSP_CRASH_RUNS=50``.
+Each recovered run's current views must equal the integrals of their change logs too.
+``DBSP_CRASH_RUNS`` sets how many crash runs (default 8: every fault point once, plus
+a random kill at any moment); the full campaign is ``DBSP_CRASH_RUNS=50``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from storage.faults import POINTS
 from . import workload
 
 STEPS, INTERVAL = 3, 2  # checkpoints after steps 1 and 2
-RUNS = int(os.environ.get("DBSP_CRASH_RUNS", "7"))
+RUNS = int(os.environ.get("DBSP_CRASH_RUNS", "8"))
 PROJECT = Path(__file__).resolve().parents[2]
 
 
@@ -70,7 +71,10 @@ def test_recovery_after_kill_9_matches_a_run_without_crashes(spark, reference, t
         if crash(root, fault, kill_after):
             crashes += 1
             covered.add(fault.split(":")[0] if fault else "random")
-        recovered = workload.output_log(workload.drive(spark, root, 0, STEPS, INTERVAL), STEPS)
+        pipeline = workload.drive(spark, root, 0, STEPS, INTERVAL)
+        for handle, (view, integral) in workload.views_match_logs(pipeline, STEPS).items():
+            assert view == integral, f"run {i} ({fault or 'random kill'}): view {handle} differs from its log's integral"
+        recovered = workload.output_log(pipeline, STEPS)
         if recovered != reference:
             mismatches += 1
             for handle in reference:

@@ -43,7 +43,7 @@ def inputs(spark, seed: int, step: int):
 def drive(spark, root: str, seed: int, steps: int, interval: int, workers: int = 2) -> Pipeline:
     """Submits every step and runs the pipeline, a checkpoint every ``interval`` steps.
     Idempotent: running it again after a crash recovers and completes the same work."""
-    pipeline = Pipeline(spark, root, circuit(), workers=workers)
+    pipeline = Pipeline(spark, root, circuit(), workers=workers, views=circuit().outputs)
     for step in range(steps):
         pipeline.submit(step, inputs(spark, seed, step), [Range("nexmark", 0, step * EVENTS_PER_STEP, (step + 1) * EVENTS_PER_STEP)])
         if (step + 1) % interval == 0 or step == steps - 1:
@@ -61,6 +61,22 @@ def output_log(pipeline: Pipeline, steps: int) -> dict[str, Counter]:
             for r in rows
         )
     return logs
+
+
+def views_match_logs(pipeline: Pipeline, steps: int) -> dict[str, tuple[Counter, Counter]]:
+    """Per output, (its current view's rows, the integral of its change log), to compare."""
+    from deltalake import DeltaTable
+
+    from storage.views import view_uri
+
+    found = {}
+    for handle in pipeline.circuit.outputs:
+        integral = Counter()
+        for r in pipeline.outputs.read(handle, 0, steps).collect():
+            integral[tuple(v for k, v in r.asDict().items() if k not in ("_weight", "_step"))] += r["_weight"]
+        view = Counter(tuple(r.values()) for r in DeltaTable(view_uri(pipeline.root, handle)).to_pyarrow_table().to_pylist())
+        found[handle] = (view, +integral)
+    return found
 
 
 if __name__ == "__main__":
