@@ -10,6 +10,9 @@ import os
 import sys
 import traceback
 
+from rich.console import Console
+from rich.table import Table
+
 from circuits.daemon import listening
 from circuits.errors import DbspError
 from circuits.spark import stop_connect_server
@@ -17,6 +20,7 @@ from sensors.broker import stop_local_broker
 from sensors.ingest import run_steps
 from sensors.status import report
 from storage.pipeline import status as position
+from storage.views import read_view
 
 from . import devserver
 from .config import HOME_ENV, home, load_project
@@ -128,6 +132,38 @@ def recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def show(args: argparse.Namespace) -> int:
+    """Prints a sink's current view (as of the latest committed step, or ``--step``) as a
+    table, read from its Delta table by delta-rs: no Spark, no broker."""
+    project, spec = _pipeline(args)
+    if args.sink not in spec.sink_names:
+        raise DbspError(f"{args.sink!r} is not a sink of pipeline {spec.name!r}; its sinks are {spec.sink_names}")
+    if args.sink not in spec.views:
+        raise DbspError(
+            f"sink {args.sink!r} of pipeline {spec.name!r} has `current: false`: only its change log is kept; "
+            f"set current: true in its sinks entry to keep its view (the next step builds it from the log)"
+        )
+    if args.limit < 0:
+        raise DbspError(f"--limit {args.limit}: give a number of rows, 0 or more")
+    root = build_resources(project)["store"].pipeline_root(spec.name)
+    snapshot = read_view(root, args.sink, args.step, args.limit)
+    print_view(snapshot, f"{spec.name}/{args.sink}")
+    return 0
+
+
+def print_view(snapshot, title: str) -> None:
+    table = Table()
+    for name in snapshot.table.column_names:
+        table.add_column(name)
+    for row in snapshot.table.to_pylist():
+        table.add_row(*("" if v is None else str(v) for v in row.values()))
+    console = Console()
+    console.print(f"{title} as of step {snapshot.step} (Delta version {snapshot.version}):", soft_wrap=True)
+    console.print(table)
+    shown = snapshot.table.num_rows
+    console.print(f"{shown} of {snapshot.rows} rows" if shown < snapshot.rows else f"{snapshot.rows} rows")
+
+
 def rescale(args: argparse.Namespace) -> int:
     """Changes the layout: cold (checkpoint, move, checkpoint) or hot (copy first, then switch)."""
     project, spec = _pipeline(args)
@@ -219,7 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--hot", action="store_true", help="copy the moved state first, pausing only to switch")
     r.set_defaults(run=rescale)
 
-    for name in ("demo", "status", "recover", "rescale"):
+    w = commands.add_parser("show", help="print a sink's current view as a table (time travel: --step)")
+    w.add_argument("sink", help="a sink of the pipeline")
+    w.add_argument("--step", type=int, help="the view as of this committed step (default: the latest committed)")
+    w.add_argument("--limit", type=int, default=20, help="rows to print (default 20)")
+    w.set_defaults(run=show)
+
+    for name in ("demo", "status", "recover", "rescale", "show"):
         commands.choices[name].add_argument("--pipeline", help="pipeline name (default: the first configured)")
     commands.choices["recover"].add_argument("--break-lease", action="store_true", help="take the lease from a run that died")
 

@@ -49,6 +49,17 @@ def load_object(path: str):
         raise ValueError(f"cannot import {path!r} ({e}); write it as 'package.module:function'") from e
 
 
+class SinkSpec(BaseModel):
+    """A published circuit output; in the configuration a name, or ``{name: ..., current: false}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="an output of the circuit")
+    current: bool = Field(
+        True, description="keep the view's current contents as a Delta table at <store root>/<pipeline>/views/<sink> (true/false)"
+    )
+
+
 class PipelineSpec(BaseModel):
     """One incremental pipeline: circuit, sources and settings."""
 
@@ -59,7 +70,11 @@ class PipelineSpec(BaseModel):
     sources: dict[str, str] = Field(
         description="the Kafka topic of each circuit input, e.g. {bids: nexmark.bids}; every input needs one"
     )
-    sinks: list[str] = Field(description="the circuit outputs to publish, one Dagster asset each", min_length=1)
+    sinks: list[SinkSpec] = Field(
+        description="the circuit outputs to publish, one Dagster asset each: names, or {name: ..., current: false} "
+        "to keep only the change log",
+        min_length=1,
+    )
     topic_partitions: int = Field(2, gt=0, description="partitions of the topics the embedded broker creates")
     workers: int = Field(2, gt=0, description="workers (Spark tasks) the state's vnodes are spread over")
     max_records_per_step: int = Field(10_000, gt=0, description="a step holds at most this many input records")
@@ -78,6 +93,20 @@ class PipelineSpec(BaseModel):
         None, description="'module:function(start, count, seed)' returning records per input handle, for a demo producer job"
     )
 
+    @field_validator("sinks", mode="before")
+    @classmethod
+    def _sink_names(cls, sinks: object) -> object:
+        return [{"name": s} if isinstance(s, str) else s for s in sinks] if isinstance(sinks, list) else sinks
+
+    @property
+    def sink_names(self) -> list[str]:
+        return [s.name for s in self.sinks]
+
+    @property
+    def views(self) -> list[str]:
+        """The sinks whose current contents are kept as tables (all but ``current: false``)."""
+        return [s.name for s in self.sinks if s.current]
+
     @field_validator("name")
     @classmethod
     def _identifier(cls, name: str) -> str:
@@ -87,8 +116,8 @@ class PipelineSpec(BaseModel):
 
     @model_validator(mode="after")
     def _bags_are_sinks(self) -> "PipelineSpec":
-        if set(self.bags) - set(self.sinks):
-            raise ValueError(f"bags: {sorted(set(self.bags) - set(self.sinks))} are not sinks; the sinks are {self.sinks}")
+        if set(self.bags) - set(self.sink_names):
+            raise ValueError(f"bags: {sorted(set(self.bags) - set(self.sink_names))} are not sinks; the sinks are {self.sink_names}")
         return self
 
     @field_validator("circuit", "producer")
@@ -121,7 +150,7 @@ class PipelineSpec(BaseModel):
                 f"sources: the circuit's inputs are {sorted(circuit.inputs)}; "
                 + (f"give a topic for {sorted(missing)}" if missing else f"{sorted(unknown)} are not inputs of the circuit")
             )
-        unknown = set(self.sinks) - set(circuit.outputs)
+        unknown = set(self.sink_names) - set(circuit.outputs)
         if unknown:
             raise ValueError(f"sinks: {sorted(unknown)} are not outputs of the circuit; its outputs are {sorted(circuit.outputs)}")
         return circuit
@@ -203,7 +232,7 @@ def parse_project(data: object, source: str) -> ProjectSpec:
 def _describe(error: dict) -> str:
     where = ".".join(str(part) for part in error["loc"]) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
-    fields = PipelineSpec.model_fields
+    fields = SinkSpec.model_fields | PipelineSpec.model_fields if "sinks" in error["loc"] else PipelineSpec.model_fields
     field = fields.get(str(error["loc"][-1])) if error["loc"] else None
     hint = f" (expected: {field.description})" if field is not None and field.description else ""
     return f"{where}: {message}{hint}"

@@ -35,7 +35,8 @@ from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
 from sensors.ingest import KafkaSource, run_steps
 from sensors.status import report
-from storage import inspect
+from storage import inspect, views
+from storage.errors import ViewError
 from storage.logs import DivisionLog, output_uri
 from storage.pipeline import Pipeline, status
 
@@ -75,7 +76,9 @@ def build_pipeline(spec: PipelineSpec) -> Definitions:
 
 
 def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource) -> Pipeline:
-    return Pipeline(spark.session(), store.pipeline_root(spec.name), spec.circuit_def, workers=spec.workers)
+    return Pipeline(
+        spark.session(), store.pipeline_root(spec.name), spec.circuit_def, workers=spec.workers, views=spec.views
+    )
 
 
 def _run_gone(instance):
@@ -89,17 +92,18 @@ def _run_gone(instance):
 
 
 def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
-    keys = {name: AssetKey([spec.name, name]) for name in spec.sinks}
+    keys = {name: AssetKey([spec.name, name]) for name in spec.sink_names}
     checks = [AssetCheckSpec("consolidated", asset=k, description="the step's changes have no duplicate rows and no zero weights") for k in keys.values()]
     checks += [
         AssetCheckSpec("is_a_set", asset=keys[name], description="the view so far has no duplicate and no negative rows")
-        for name in spec.sinks
+        for name in spec.sink_names
         if name not in spec.bags
     ]
     specs = [
         AssetSpec(
             key,
-            description=f"Changes of view {name!r} of pipeline {spec.name!r}, one partition per step (Delta table).",
+            description=f"Changes of view {name!r} of pipeline {spec.name!r}, one partition per step (Delta table)"
+            + (f"; its current contents: the Delta table views/{name}." if name in spec.views else "."),
             group_name=spec.name,
             kinds={"spark", "delta"},
         )
@@ -130,7 +134,8 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         shared = _step_metadata(pipeline, first, last, ran)
         for name, key in keys.items():
             rows_out = inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)
-            yield MaterializeResult(asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out)})
+            current = _view_metadata(pipeline.root, name) if name in spec.views else {}
+            yield MaterializeResult(asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out), **current})
         checks = {}
         for name, key in keys.items():
             changes = pipeline.outputs.read(name, first, last)
@@ -141,6 +146,23 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
             yield AssetCheckResult(asset_key=key, check_name=check, passed=bad == 0, metadata={"bad_rows": bad})
 
     return steps
+
+
+PREVIEW_ROWS = 10
+
+
+def _view_metadata(root: str, sink: str) -> dict:
+    """The view's row count and its first rows (a markdown table), as of the latest
+    committed step, read by delta-rs from the file statistics and the first file(s)."""
+    try:
+        snapshot = views.read_view(root, sink, limit=PREVIEW_ROWS)
+    except ViewError as e:  # the step's materialization stands; the view's problem is shown
+        return {"view_error": MetadataValue.text(str(e))}
+    return {
+        "view_rows": MetadataValue.int(snapshot.rows),
+        "view_preview": MetadataValue.md(views.markdown(snapshot)),
+        "view_table": MetadataValue.path(views.view_uri(root, sink)),
+    }
 
 
 def _step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dict:

@@ -26,6 +26,7 @@ def test_default_code_location_serves_the_demo_pipeline(spark):
         ({"sources": {"clicks": "t"}}, ["sources", "give a topic for", "bids"]),
         ({"sinks": ["q9"]}, ["sinks", "q9", "not outputs of the circuit"]),
         ({"bags": ["q9"]}, ["bags", "not sinks"]),
+        ({"sinks": [{"name": "bids_by_category", "current": "maybe"}]}, ["pipelines.0.sinks.0.current", "valid boolean", "views/<sink>"]),
         ({"name": "Bad-Name"}, ["pipelines.0.name", "identifier"]),
         ({"workerz": 3}, ["pipelines.0.workerz", "xtra"]),
     ],

@@ -2,6 +2,7 @@
 (temporary) Dagster instance: sensor ticks, step runs, backfills, ordering, dead letters."""
 
 import os
+from collections import Counter
 
 import pytest
 from dagster import SkipReason, instance_for_test
@@ -40,6 +41,11 @@ def test_steps_from_kafka_through_dagster_equal_recomputation(spark_resource, sp
     assert metadata["rows_in/bids"].value == 100 * 46 // 50 + 30  # this step's bids and retractions
     assert metadata["steps_run"].value == 1 and metadata["seconds/compute_and_write"].value > 0
     assert "| 2 |" in metadata["input_offsets"].value
+    # The current view, as a plain table: the same rows, and the materialization previews it.
+    view = open_table(os.path.join(h.root, "views", "bids_by_category")).to_pyarrow_table()
+    assert Counter(tuple(r.values()) for r in view.to_pylist()) == h.expected_revenue()
+    assert metadata["view_rows"].value == view.num_rows
+    assert metadata["view_preview"].value.startswith("| category | revenue | bids |")
     checks = run.get_asset_check_evaluations()
     assert {c.check_name for c in checks} == {"consolidated", "is_a_set"} and all(c.passed for c in checks)
     assert set(instance.get_dynamic_partitions(f"{h.name}_steps")) == {f"{s:010d}" for s in range(3)}

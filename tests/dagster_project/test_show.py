@@ -1,0 +1,90 @@
+"""``dbsp show``: a sink's current view printed as a table, time travel, and its errors;
+a sink with ``current: false`` keeps no view."""
+
+import os
+
+import pytest
+import yaml
+
+from circuits import from_rows
+from circuits.library.wordcount import WORDS_SCHEMA
+from dagster_project.cli import main
+from dagster_project.config import load_project
+from dagster_project.factory import open_pipeline
+from dagster_project.resources import build_resources
+from storage.logs import Range
+
+STEPS = [{"upper": [("F", 1, 1), ("M", 3, 1)]}, {"lower": [("m", 4, 1), ("dog", 2, 1)]}]
+
+
+def settings(root: str) -> dict:
+    pipeline = {"circuit": "circuits.library:word_count", "sources": {"upper": "t.upper", "lower": "t.lower"}}
+    return {
+        "pipelines": [
+            {"name": "wc", **pipeline, "sinks": ["totals"]},
+            {"name": "wcoff", **pipeline, "sinks": [{"name": "totals", "current": False}]},
+        ],
+        "resources": {"store": {"root": root}, "kafka": {"bootstrap_servers": "localhost:1"}},
+    }
+
+
+@pytest.fixture(scope="module")
+def stores(spark, tmp_path_factory):
+    """A configuration of two word-count pipelines (one opted out), each run for two steps
+    through the pipelines Dagster would open (checkpoints after each step)."""
+    tmp_path = tmp_path_factory.mktemp("show")
+    path = tmp_path / "dbsp.yaml"
+    path.write_text(yaml.safe_dump(settings(str(tmp_path / "store"))))
+    project = load_project(str(path))
+    resources = build_resources(project)
+    for spec in project.pipelines:
+        pipeline = open_pipeline(spec, resources["spark"], resources["store"])
+        for step, rows in enumerate(STEPS):
+            inputs = {name: from_rows(spark, r, WORDS_SCHEMA) for name, r in rows.items()}
+            pipeline.submit(step, inputs, [Range("words", 0, step, step + 1)])
+            pipeline.run(through=step)
+    return str(path), resources["store"]
+
+
+@pytest.fixture
+def config(stores, tmp_path, monkeypatch):
+    monkeypatch.setenv("DBSP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home" / "dagster"))
+    return stores
+
+
+def show(config, capsys, *args) -> tuple[int, str]:
+    code = main(["--config", config[0], "show", *args])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_show_prints_the_view_now_and_as_of_a_step(config, capsys):
+    code, out = show(config, capsys, "totals", "--pipeline", "wc")
+    assert code == 0 and "wc/totals as of step 1" in out and "3 rows" in out
+    assert "dog" in out and " 7 " in out  # m: 3 + 4
+    code, out = show(config, capsys, "totals", "--step", "0", "--limit", "1")
+    assert code == 0 and "as of step 0" in out and "1 of 2 rows" in out and "dog" not in out
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["q9"], ["'q9' is not a sink of pipeline 'wc'", "['totals']"]),
+        (["totals", "--step", "5"], ["step 5 is not committed", "committed steps are 0..1"]),
+        (["totals", "--pipeline", "wcoff"], ["current: false", "set current: true"]),
+        (["totals", "--limit", "-1"], ["--limit -1"]),
+    ],
+)
+def test_show_names_what_exists_when_asked_for_what_does_not(config, capsys, args, named):
+    code, out = show(config, capsys, *args)
+    assert code == 2
+    for text in named:
+        assert text in out
+
+
+def test_a_sink_with_current_false_keeps_only_its_change_log(config):
+    root = config[1].pipeline_root("wcoff")
+    assert os.path.isdir(os.path.join(root, "outputs", "totals"))
+    assert not os.path.exists(os.path.join(root, "views"))
+    assert os.path.isdir(os.path.join(config[1].pipeline_root("wc"), "views", "totals"))
