@@ -28,6 +28,8 @@ class StepContext:
     single: bool = False
     """Plan the step in one Spark partition (a small change): every keyed frame sits in it,
     so joins and groupings need no exchange and the step runs as one stage."""
+    conformed: bool = False
+    """The inputs have their declared schemas already (see :func:`circuits.zset.conform`)."""
     staged: dict[str, DataFrame] = field(default_factory=dict)
     shared: list[DataFrame] = field(default_factory=list)
 
@@ -146,14 +148,14 @@ class NodeContext:
             # vnodes, and the semi-join runs in place, within the step's job.
             trace = self.step.route(trace)
             condition = _matching(trace, wanted, keys, null_safe) & (trace[PART] == wanted["_p_part"])
-            return consolidate(trace.join(wanted, condition, "left_semi"))
+            return consolidate(trace.join(wanted, condition, "left_semi"), routed=True)
         # The step's keys are the small side: broadcast them and filter the trace where it
         # is read, so only the matching rows (as many as the change touches) are shuffled
         # to their owners, never the whole trace.  Consolidating with the partition column
         # among the keys then keeps the rows where the exchange put them.
         wanted = wanted.drop("_p_part")
         matched = trace.join(F.broadcast(wanted), _matching(trace, wanted, keys, null_safe), "left_semi")
-        return consolidate(self.step.route(matched, scanned=True))
+        return consolidate(self.step.route(matched, scanned=True), routed=True)
 
     def keyed_empty(self, template: DataFrame) -> DataFrame:
         """A lookup result with no rows, routed like any other: frames that mix it with

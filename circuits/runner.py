@@ -104,7 +104,12 @@ class StepRunner:
         )
 
     def step(
-        self, inputs: Mapping[str, DataFrame], retracting: Collection[str] | None = None, rows: int | None = None
+        self,
+        inputs: Mapping[str, DataFrame],
+        retracting: Collection[str] | None = None,
+        rows: int | None = None,
+        *,
+        conformed: bool = False,
     ) -> StepResult:
         """Runs one step on the input deltas and applies its state.  Absent inputs are
         empty, and known to be so: pass only the inputs that may hold rows, and operators
@@ -117,7 +122,9 @@ class StepRunner:
 
         ``rows``, when the caller knows it, is the number of input rows of the step: a step
         of at most :attr:`small_step_rows` is planned in one Spark partition (see
-        :attr:`circuits.context.StepContext.single`)."""
+        :attr:`circuits.context.StepContext.single`).  ``conformed`` says that the deltas
+        have their inputs' declared schemas (a durable input log wrote them so): they are
+        not checked again, which would ask Spark for each one's schema."""
         unknown = sorted(set(inputs) - set(self.circuit.inputs))
         if unknown:
             raise SchemaMismatchError(
@@ -139,7 +146,7 @@ class StepRunner:
         if retracting is None:
             retracting = _retracting({name: full[name] for name in self.append_only})
         append_only = self.append_only - set(retracting)
-        ctx = StepContext(self.spark, self.store, self.layout, full, append_only, empty_inputs, single)
+        ctx = StepContext(self.spark, self.store, self.layout, full, append_only, empty_inputs, single, conformed)
         outputs = self.circuit.plan(ctx)
         parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
         # A state file holds one worker's vnodes, however many workers the step ran on.

@@ -52,17 +52,25 @@ def add(*zsets: DataFrame, allow_missing: bool = False) -> DataFrame:
     return terms[0]
 
 
-def consolidate(df: DataFrame, columns: Iterable[str] | None = None) -> DataFrame:
+def consolidate(df: DataFrame, *, routed: bool = False) -> DataFrame:
     """Sums the weights of equal rows and drops rows whose weight is zero.
 
-    Grouping treats nulls as equal, as a Z-set must: a null row is one row.
-    """
-    cols = list(columns) if columns is not None else [c for c in df.columns if c != WEIGHT]
+    Grouping treats nulls as equal, as a Z-set must: a null row is one row.  The rows are
+    grouped as one struct of every column but the weight, so that planning needs no
+    schema (over Spark Connect, asking for one is a round trip).  A ``routed`` frame (it
+    has the routing columns and sits on the owning workers) is grouped by its partition
+    column too, which keeps the grouping where the exchange put the rows."""
+    by = [PART] if routed else []
     return (
-        df.groupBy(*cols)
+        df.select(*by, F.struct("*").dropFields(WEIGHT, *by).alias(_ROW), WEIGHT)
+        .groupBy(*by, _ROW)
         .agg(F.sum(WEIGHT).alias(WEIGHT))
         .where(weight() != 0)
+        .select(f"{_ROW}.*", *by, WEIGHT)
     )
+
+
+_ROW = "_row"
 
 
 def empty_like(df: DataFrame) -> DataFrame:

@@ -28,7 +28,8 @@ class Input(Operator):
         return {"handle": self.handle, "schema": self.schema.simpleString()}
 
     def evaluate(self, ctx: NodeContext) -> DataFrame:
-        return conform(self.handle, ctx.input(self.handle), self.schema)
+        delta = ctx.input(self.handle)
+        return delta if ctx.step.conformed else conform(self.handle, delta, self.schema)
 
 
 class Filter(Operator):

@@ -109,8 +109,8 @@ class Aggregate(Operator):
         # min/max is the old one against the delta's: no need to read the group's values.
         kept = [_ROWS, *self._additive_columns(), *(self._extreme_columns() if ctx.append_only else [])]
         contributions = [
-            _shape(before, template, keys, {c: F.col(c) for c in kept}),
-            _shape(partial, template, keys, {c: F.col(c) for c in partial.columns if c not in (*ROUTED, *keys)}),
+            _shape(before, self._state_columns(), keys, kept),
+            _shape(partial, self._state_columns(), keys, [_ROWS, *self._partial_columns()]),
         ]
         for column in sorted({a.column for _, a in self.aggs if a.kind in (*_EXTREMES, "count_distinct")}):
             values = d.select(*ROUTED, *keys, column, weight())
@@ -119,11 +119,11 @@ class Aggregate(Operator):
                 if not ctx.append_only:
                     old = ctx.lookup(f"values.{column}", partial, keys, values, null_safe=True)
                     group_values = add(old, values)
-                contributions.append(self._extremes(column, keys, group_values, template))
+                contributions.append(self._extremes(column, keys, group_values))
             if any(a.kind == "count_distinct" and a.column == column for _, a in self.aggs):
-                contributions.append(self._distinct_counts(ctx, column, keys, values, template))
+                contributions.append(self._distinct_counts(ctx, column, keys, values))
             ctx.stage(f"values.{column}", values)
-        state_columns = [c for c in template.columns if c not in (*keys, *ROUTED, WEIGHT)]
+        state_columns = self._state_columns()
         after = (
             add(*contributions)
             .groupBy(*ROUTED, *keys)
@@ -139,7 +139,7 @@ class Aggregate(Operator):
         )
         result = add(self._result(after, 1), self._result(before, -1))
         return (
-            result.groupBy(*result.columns[:-1])
+            result.groupBy(PART, *self.keys, *[name for name, _ in self.aggs])
             .agg(F.sum(WEIGHT).alias(WEIGHT))
             .where(weight() != 0)
             .drop(PART)
@@ -156,7 +156,17 @@ class Aggregate(Operator):
         ]
         return partial.select("*", *extra, F.lit(1).cast("bigint").alias(WEIGHT)).where(F.lit(False))
 
+    def _state_columns(self) -> list[str]:
+        """A group's state row beside its keys: its row count, then the accumulators (the
+        delta's partial ones, then those kept per group: extremes and distinct counts)."""
+        kept = [f"_a{i}" for i, (_, a) in enumerate(self.aggs) if a.kind in (*_EXTREMES, "count_distinct")]
+        return [_ROWS, *self._partial_columns(), *kept]
+
+    def _partial_columns(self) -> list[str]:
+        return [name for i, (_, a) in enumerate(self.aggs) for name in _partials(i, a)]
+
     def _additive_columns(self) -> list[str]:
+        """The accumulators that a step's partial aggregates add to (see :func:`_partials`)."""
         columns = []
         for i, (_, a) in enumerate(self.aggs):
             if a.kind in _ADDITIVE:
@@ -175,24 +185,19 @@ class Aggregate(Operator):
             return extreme(column).alias(column)
         return F.coalesce(F.sum(column), F.lit(0)).alias(column)
 
-    def _extremes(self, column: str, keys: list[str], values: DataFrame, template: DataFrame) -> DataFrame:
+    def _extremes(self, column: str, keys: list[str], values: DataFrame) -> DataFrame:
         """min/max of ``column`` over the rows of the touched groups after the step."""
         present = (
             values.groupBy(*ROUTED, *keys, column)
             .agg(F.sum(WEIGHT).alias(WEIGHT))
             .where((weight() > 0) & F.col(column).isNotNull())
         )
-        per_group = present.groupBy(*ROUTED, *keys).agg(
-            *[
-                _EXTREMES[a.kind](column).alias(f"_a{i}")
-                for i, (_, a) in enumerate(self.aggs)
-                if a.kind in _EXTREMES and a.column == column
-            ]
-        )
-        return _shape(per_group, template, keys, {c: F.col(c) for c in per_group.columns})
+        extremes = {f"_a{i}": _EXTREMES[a.kind] for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES and a.column == column}
+        per_group = present.groupBy(*ROUTED, *keys).agg(*[f(column).alias(name) for name, f in extremes.items()])
+        return _shape(per_group, self._state_columns(), keys, list(extremes))
 
     def _distinct_counts(
-        self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame, template: DataFrame
+        self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame
     ) -> DataFrame:
         """Per touched group, the number of values that appear minus those that disappear."""
         pairs = (
@@ -209,14 +214,9 @@ class Aggregate(Operator):
         crossing = _positive(F.sum(_W0) + F.sum(_DW)) - _positive(F.sum(_W0))
         per_pair = both.groupBy(*ROUTED, *keys, column).agg(crossing.alias("_change"))
         change = F.sum("_change").cast("bigint")
-        per_group = per_pair.groupBy(*ROUTED, *keys).agg(
-            *[
-                change.alias(f"_a{i}")
-                for i, (_, a) in enumerate(self.aggs)
-                if a.kind == "count_distinct" and a.column == column
-            ]
-        )
-        return _shape(per_group, template, keys, {c: F.col(c) for c in per_group.columns})
+        counts = [f"_a{i}" for i, (_, a) in enumerate(self.aggs) if a.kind == "count_distinct" and a.column == column]
+        per_group = per_pair.groupBy(*ROUTED, *keys).agg(*[change.alias(name) for name in counts])
+        return _shape(per_group, self._state_columns(), keys, counts)
 
     def _result(self, state: DataFrame, sign: int) -> DataFrame:
         """The visible rows (groups with rows) of a state, with weight ``sign``."""
@@ -248,13 +248,9 @@ def _partials(i: int, a: Agg) -> dict[str, Column]:
     return {}
 
 
-def _shape(df: DataFrame, template: DataFrame, keys: list[str], provided: dict[str, Column]) -> DataFrame:
-    """``df`` as per-group rows (with their routing columns) of the template's state
-    columns: ``provided`` filled, the rest null."""
-    columns = [F.col(k) for k in (*ROUTED, *keys)]
-    for field in template.schema.fields:
-        if field.name in (*ROUTED, WEIGHT, *keys):
-            continue
-        value = provided.get(field.name, F.lit(None))
-        columns.append(value.cast(field.dataType).alias(field.name))
-    return df.select(*columns)
+def _shape(df: DataFrame, state: list[str], keys: list[str], provided: list[str]) -> DataFrame:
+    """``df`` as per-group rows (with their routing columns) of the ``state`` columns:
+    ``provided`` ones from ``df``, the rest null.  The nulls are typed by the union of
+    contributions (Spark widens a null column to the others' type), so no schema is asked for."""
+    nulls = [F.lit(None).alias(c) for c in state if c not in provided]
+    return df.select(*ROUTED, *keys, *provided, *nulls)
