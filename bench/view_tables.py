@@ -24,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from deltalake import DeltaTable  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from circuits import Circuit, from_rows  # noqa: E402
@@ -96,7 +97,7 @@ def run(spark, work: str, args) -> None:
             figures[name]["files"].append(pipeline.views.last_rewrite.get("rows", (0, 0)))
     snapshot = views.read_view(pipelines["with view"].root, "rows", limit=0)
     assert snapshot.rows == len(live), (snapshot.rows, len(live))
-    files = len(views.view_files(views.DeltaTable(views.view_uri(pipelines["with view"].root, "rows"))))
+    files = len(views.view_files(DeltaTable(views.view_uri(pipelines["with view"].root, "rows"))))
     print(f"\nview: {snapshot.rows:,} rows in {files} files; {args.changes} changed rows per step, {args.steps} steps")
     print("| pipeline | median step s | median view phase s | files added/removed per step |")
     print("| --- | --- | --- | --- |")
