@@ -17,24 +17,26 @@ from storage.logs import Range
 STEPS = [{"upper": [("F", 1, 1), ("M", 3, 1)]}, {"lower": [("m", 4, 1), ("dog", 2, 1)]}]
 
 
-def settings(root: str) -> dict:
+def settings(root: str, spark: dict) -> dict:
     pipeline = {"circuit": "circuits.library:word_count", "sources": {"upper": "t.upper", "lower": "t.lower"}}
     return {
         "pipelines": [
             {"name": "wc", **pipeline, "sinks": ["totals"]},
             {"name": "wcoff", **pipeline, "sinks": [{"name": "totals", "current": False}]},
         ],
-        "resources": {"store": {"root": root}, "kafka": {"bootstrap_servers": "localhost:1"}},
+        # The test session's Spark: the default (the embedded server on port 15002) would
+        # start a server that outlives the tests.
+        "resources": {"store": {"root": root}, "kafka": {"bootstrap_servers": "localhost:1"}, "spark": spark},
     }
 
 
 @pytest.fixture(scope="module")
-def stores(spark, tmp_path_factory):
+def stores(spark, spark_resource, tmp_path_factory):
     """A configuration of two word-count pipelines (one opted out), each run for two steps
     through the pipelines Dagster would open (checkpoints after each step)."""
     tmp_path = tmp_path_factory.mktemp("show")
     path = tmp_path / "dbsp.yaml"
-    path.write_text(yaml.safe_dump(settings(str(tmp_path / "store"))))
+    path.write_text(yaml.safe_dump(settings(str(tmp_path / "store"), spark_resource)))
     project = load_project(str(path))
     resources = build_resources(project)
     for spec in project.pipelines:
