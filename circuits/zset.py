@@ -52,6 +52,10 @@ def add(*zsets: DataFrame, allow_missing: bool = False) -> DataFrame:
     return terms[0]
 
 
+_ROW = "_row"
+"""The struct of a row's columns that :func:`consolidate` groups by."""
+
+
 def consolidate(df: DataFrame, *, routed: bool = False) -> DataFrame:
     """Sums the weights of equal rows and drops rows whose weight is zero.
 
@@ -68,9 +72,6 @@ def consolidate(df: DataFrame, *, routed: bool = False) -> DataFrame:
         .where(weight() != 0)
         .select(f"{_ROW}.*", *by, WEIGHT)
     )
-
-
-_ROW = "_row"
 
 
 def empty_like(df: DataFrame) -> DataFrame:

@@ -32,7 +32,13 @@ from circuits.zset import empty_like
 from .errors import CorruptTableError, StaleWriterError, StorageError
 
 FILES_SCHEMA = T.StructType(
-    [T.StructField(name, kind()) for name, kind in (("dest", T.IntegerType), ("path", T.StringType), ("size", T.LongType), ("rows", T.LongType), ("stats", T.StringType))]
+    [
+        T.StructField("dest", T.IntegerType()),
+        T.StructField("path", T.StringType()),
+        T.StructField("size", T.LongType()),
+        T.StructField("rows", T.LongType()),
+        T.StructField("stats", T.StringType()),
+    ]
 )
 """What a writer task reports per file (a StructType: a DDL string is a round trip to Spark to parse)."""
 

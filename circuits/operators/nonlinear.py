@@ -192,7 +192,9 @@ class Aggregate(Operator):
             .agg(F.sum(WEIGHT).alias(WEIGHT))
             .where((weight() > 0) & F.col(column).isNotNull())
         )
-        extremes = {f"_a{i}": _EXTREMES[a.kind] for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES and a.column == column}
+        extremes = {
+            f"_a{i}": _EXTREMES[a.kind] for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES and a.column == column
+        }
         per_group = present.groupBy(*ROUTED, *keys).agg(*[f(column).alias(name) for name, f in extremes.items()])
         return _shape(per_group, self._state_columns(), keys, list(extremes))
 
