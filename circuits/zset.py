@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from .errors import SchemaMismatchError
+from .frames import with_columns
 from .sharding import PART, VNODE
 
 WEIGHT = "_weight"
@@ -34,7 +35,7 @@ def weight() -> Column:
 
 def negate(df: DataFrame) -> DataFrame:
     """``-Z``: every weight negated."""
-    return df.withColumn(WEIGHT, -weight())
+    return with_columns(df, **{WEIGHT: -weight()})
 
 
 def add(*zsets: DataFrame, allow_missing: bool = False) -> DataFrame:
