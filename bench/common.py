@@ -75,7 +75,7 @@ def integrated_output(spark: SparkSession, root: str, query: str, last: int) -> 
     """What the output log of a durable :func:`stepper` at ``root`` adds up to through step
     ``last``: each row of view ``query`` with its summed weight (rows summing to zero left out)."""
     changes = OutputLog(spark, root).read(query, 0, last)
-    columns = [c for c in data_columns(changes) if c != STEP]
+    columns = [c for c in data_columns(changes.schema) if c != STEP]
     return Counter({tuple(row[:-1]): row[-1] for row in consolidate(changes, columns).collect()})
 
 

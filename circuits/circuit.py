@@ -26,7 +26,7 @@ from .context import NodeContext, StepContext
 from .errors import CircuitDefinitionError, ExpressionError
 from .sharding import DEFAULT_VNODES, PART, VNODE, Layout
 from .state import InMemoryStateStore
-from .zset import WEIGHT, consolidate, empty, parse_schema
+from .zset import WEIGHT, consolidate, empty, nothing, parse_schema
 
 _RESERVED = (WEIGHT, VNODE, PART)
 _ENGINE_DIRS = {Path(__file__).parent, Path(__file__).parent / "operators"}
@@ -117,7 +117,9 @@ class Circuit:
         Operators stage their state deltas in ``step.staged``.  With ``analyze``, Spark
         analyses each node's delta as it is planned, so that an unresolvable expression
         is reported with its operator (over Spark Connect, plans are analysed only when
-        Spark is asked about them)."""
+        Spark is asked about them), and ``step.schemas`` records its schema.  With the
+        schemas known, planning asks Spark nothing about them, and a node that is empty
+        this step is a leaf of no rows instead of its operator's plan."""
         deltas: dict[int, DataFrame] = {}
         append_only: dict[int, bool] = {}
         empty: dict[int, bool] = {}
@@ -135,13 +137,20 @@ class Circuit:
                 if is_input
                 else node.operator.zero_preserving and all(empty[i] for i in node.inputs)
             )
+            known = step.schemas.get(node.id)
+            if empty[node.id] and known is not None and not analyze:
+                deltas[node.id] = nothing(step.spark, known)
+                continue
             try:
-                ctx = NodeContext(step, node.label, inputs_append_only, empty[node.id])
+                schemas = tuple(step.schemas[i] for i in node.inputs) if all(i in step.schemas for i in node.inputs) else None
+                ctx = NodeContext(step, node.label, inputs_append_only, empty[node.id], schemas)
                 delta = node.operator.evaluate(ctx, *(deltas[i] for i in node.inputs))
                 if analyze:
-                    # Any question about the plan makes Spark analyse it (not .schema: a Connect
-                    # client answers that from the parent's where it cannot change, as for a filter).
+                    # Any question about the plan makes Spark analyse it (not .schema alone: a
+                    # Connect client answers that from the parent's where it cannot change, as
+                    # for a filter).
                     delta.isLocal()
+                    step.schemas[node.id] = delta.schema
                 # Spark plans are trees: a delta read by several operators, or produced by a
                 # stateful one (whose plan is large), is shared so that later plans refer to it
                 # instead of copying its whole subtree.
@@ -165,9 +174,10 @@ class Circuit:
             return True
         return node.operator.keeps_consolidation and self._consolidated(node.inputs[0])
 
-    def check(self, spark: SparkSession) -> dict[str, T.StructType]:
+    def check(self, spark: SparkSession) -> "Checked":
         """Plans a step on empty inputs and no state: finds every unresolvable expression
-        before any data is read.  Returns the output schemas (weight included)."""
+        before any data is read.  Returns the schemas (weight included) of the outputs and
+        of every node's delta."""
         if not self.outputs:
             raise CircuitDefinitionError(f"circuit {self.name!r} has no outputs")
         step = StepContext(
@@ -178,9 +188,27 @@ class Circuit:
             empty_inputs=frozenset(self.inputs),
         )
         try:
-            return {name: df.schema for name, df in self.plan(step, analyze=True).items()}
+            outputs = {name: df.schema for name, df in self.plan(step, analyze=True).items()}
+            return Checked(outputs, step.schemas)
         finally:
             step.release()
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What :meth:`Circuit.check` learned of a circuit's schemas."""
+
+    outputs: dict[str, T.StructType]
+    nodes: dict[int, T.StructType]
+    """Each node's delta, by node id: given to later steps (``StepContext.schemas``), they
+    plan with no question to Spark about schemas."""
+
+    def to_json(self) -> str:
+        return json.dumps({str(i): s.jsonValue() for i, s in self.nodes.items()})
+
+    @staticmethod
+    def nodes_from_json(text: str) -> dict[int, T.StructType]:
+        return {int(i): T.StructType.fromJson(s) for i, s in json.loads(text).items()}
 
 
 class Stream:

@@ -7,11 +7,12 @@ from typing import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from .frames import with_columns, without
 from .sharding import PART, VNODE, Layout, exchange, with_vnode
 from .state import StateStore
-from .zset import consolidate, empty_like
+from .zset import consolidate, empty_like, nothing
 
 
 @dataclass
@@ -31,6 +32,9 @@ class StepContext:
     so joins and groupings need no exchange and the step runs as one stage."""
     conformed: bool = False
     """The inputs have their declared schemas already (see :func:`circuits.zset.conform`)."""
+    schemas: dict[int, T.StructType] = field(default_factory=dict)
+    """The schema of each node's delta, by node id, where known (see
+    :meth:`circuits.circuit.Circuit.check`)."""
     staged: dict[str, DataFrame] = field(default_factory=dict)
     shared: list[DataFrame] = field(default_factory=list)
 
@@ -59,7 +63,7 @@ class StepContext:
         operators' plans would otherwise nest deeper than a Spark Connect client can send
         (about 50 relations)."""
         if empty:
-            return empty_like(self.spark.createDataFrame([], df.schema))
+            return nothing(self.spark, df.schema)
         cut = df.localCheckpoint(eager=False)
         self.shared.append(cut)
         return cut.coalesce(1) if self.single else cut
@@ -84,6 +88,14 @@ class NodeContext:
     """The node's operator preserves zero and every input stream of the node comes only
     from inputs that are empty this step: every frame it plans is empty, and it changes no
     state."""
+    schemas: tuple[T.StructType, ...] | None = None
+    """The schemas of the node's input deltas, when known without asking Spark (see
+    :meth:`circuits.circuit.Circuit.check`)."""
+
+    def schema(self, i: int, delta: DataFrame) -> T.StructType:
+        """The schema of input ``i``, whose delta is ``delta``; over Spark Connect, asking
+        ``delta`` is a round trip."""
+        return self.schemas[i] if self.schemas is not None else delta.schema
 
     @property
     def layout(self) -> Layout:

@@ -14,19 +14,20 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .circuit import Circuit
+from .circuit import Checked, Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError
 from .frames import with_columns
 from .sharding import VNODE, Layout
 from .spark import COMPILED, INTERPRETED, aggregate_each
 from .state import DEST, FILE, StateStore, pack
-from .zset import WEIGHT, empty, empty_like
+from .zset import WEIGHT, empty, nothing
 
 LAYOUT_KEY = "layout"
 FINGERPRINT_KEY = "circuit_fingerprint"
 APPEND_ONLY_KEY = "append_only_inputs"
 OUTPUT_SCHEMAS_KEY = "output_schemas"
+NODE_SCHEMAS_KEY = "node_schemas"
 OUTPUT = "output:"
 SMALL_STEP_ROWS = 100_000
 """A step of at most this many input rows runs in one Spark partition, as one stage:
@@ -87,10 +88,15 @@ class StepRunner:
         if stored is None:
             # A new state: find unresolvable expressions before any data is read.  State
             # written by this same circuit (same fingerprint) has passed the check already.
-            schemas = circuit.check(spark)
+            checked = circuit.check(spark)
             store.set_meta(FINGERPRINT_KEY, fingerprint)
-            store.set_meta(OUTPUT_SCHEMAS_KEY, json.dumps({name: s.jsonValue() for name, s in schemas.items()}))
+            store.set_meta(OUTPUT_SCHEMAS_KEY, json.dumps({name: s.jsonValue() for name, s in checked.outputs.items()}))
+            store.set_meta(NODE_SCHEMAS_KEY, checked.to_json())
             store.set_meta(APPEND_ONLY_KEY, json.dumps(sorted(circuit.inputs)))
+        elif store.get_meta(NODE_SCHEMAS_KEY) is None:  # a state from before they were recorded
+            store.set_meta(NODE_SCHEMAS_KEY, circuit.check(spark).to_json())
+        # Steps plan with these instead of asking Spark for the schemas of frames.
+        self.schemas = Checked.nodes_from_json(store.get_meta(NODE_SCHEMAS_KEY))
         store.set_meta(LAYOUT_KEY, self.layout.to_json())
         # Inputs that have never retracted a row (state written before this was recorded: none).
         self.append_only = frozenset(json.loads(store.get_meta(APPEND_ONLY_KEY) or "[]"))
@@ -137,8 +143,7 @@ class StepRunner:
         }
         empty_inputs = frozenset(self.circuit.inputs) - set(inputs)
         if self._empty_outputs is not None and len(empty_inputs) == len(full):
-            nothing = {f"{OUTPUT}{n}": empty_like(self.spark.createDataFrame([], s)) for n, s in self._empty_outputs.items()}
-            stored = self.store.materialize(nothing)
+            stored = self.store.materialize({f"{OUTPUT}{n}": nothing(self.spark, s) for n, s in self._empty_outputs.items()})
             return StepResult({name: stored[f"{OUTPUT}{name}"] for name in self._empty_outputs}, {})
         single = rows is not None and rows <= self.small_step_rows
         # Spark's own shuffles (there should be none left after the exchanges) use one
@@ -147,7 +152,9 @@ class StepRunner:
         if retracting is None:
             retracting = _retracting({name: full[name] for name in self.append_only})
         append_only = self.append_only - set(retracting)
-        ctx = StepContext(self.spark, self.store, self.layout, full, append_only, empty_inputs, single, conformed)
+        ctx = StepContext(
+            self.spark, self.store, self.layout, full, append_only, empty_inputs, single, conformed, schemas=self.schemas
+        )
         outputs = self.circuit.plan(ctx)
         parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
         # A state file holds one worker's vnodes, however many workers the step ran on.

@@ -24,9 +24,10 @@ WEIGHT = "_weight"
 INTEGRAL_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 
-def data_columns(df: DataFrame) -> list[str]:
-    """The user's columns of a Z-set: every column but the weight and the routing columns."""
-    return [c for c in df.columns if c not in (WEIGHT, VNODE, PART)]
+def data_columns(schema: T.StructType) -> list[str]:
+    """The user's columns of a Z-set of ``schema``: every column but the weight and the
+    routing columns."""
+    return [c for c in schema.names if c not in (WEIGHT, VNODE, PART)]
 
 
 def weight() -> Column:
@@ -126,7 +127,13 @@ def from_rows(spark: SparkSession, rows: Iterable[tuple], schema: T.StructType |
 
 
 def empty(spark: SparkSession, schema: T.StructType | str) -> DataFrame:
-    return empty_like(from_rows(spark, [], schema))
+    """A Z-set of the declared ``schema`` (the weight column added) and no rows."""
+    return nothing(spark, with_weight_schema(parse_schema(schema)))
+
+
+def nothing(spark: SparkSession, schema: T.StructType) -> DataFrame:
+    """A provably empty relation of ``schema`` (as is), with no plan below it."""
+    return empty_like(spark.createDataFrame([], schema))
 
 
 def conform(name: str, df: DataFrame, schema: T.StructType) -> DataFrame:

@@ -51,8 +51,8 @@ class Join(Operator):
 
     def evaluate(self, ctx: NodeContext, left: DataFrame, right: DataFrame) -> DataFrame:
         on = list(self.on)
-        left_only = [c for c in data_columns(left) if c not in on]
-        right_only = [c for c in data_columns(right) if c not in on]
+        left_only = [c for c in data_columns(ctx.schema(0, left)) if c not in on]
+        right_only = [c for c in data_columns(ctx.schema(1, right)) if c not in on]
         clash = sorted(set(left_only) & set(right_only))
         if clash:
             raise ExpressionError(
@@ -75,12 +75,13 @@ class Join(Operator):
             _inner(old_left, d_right, on, right_only, columns),
         )
         if self.how == "left":
-            result = add(result, _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, right_only))
+            pads = [F.lit(None).cast(ctx.schema(1, right)[c].dataType).alias(c) for c in right_only]
+            result = add(result, _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, pads))
         return result
 
 
-def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, right_only) -> DataFrame:
-    """The change in left rows that have no match, padded with nulls on the right."""
+def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, pads) -> DataFrame:
+    """The change in left rows that have no match, padded with the null columns ``pads``."""
     keys = [*ROUTED, *on]
     left_columns = [*on, *left_only]
     null_key = reduce(lambda a, b: a | b, [F.col(k).isNull() for k in on])
@@ -92,7 +93,6 @@ def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, right_
         # Null keys match nothing, ever: such rows pass straight through.
         d_left.where(null_key).select(*left_columns, weight()),
     )
-    pads = [F.lit(None).cast(d_right.schema[c].dataType).alias(c) for c in right_only]
     return unmatched.select(*left_columns, *pads, weight())
 
 

@@ -99,8 +99,8 @@ class Union(Operator):
         return {"arity": self.arity}
 
     def evaluate(self, ctx: NodeContext, *deltas: DataFrame) -> DataFrame:
-        first = deltas[0]
-        return add(first, *[d.select(*first.columns) for d in deltas[1:]])
+        columns = ctx.schema(0, deltas[0]).names
+        return add(deltas[0], *[d.select(*columns) for d in deltas[1:]])
 
 
 class Negate(Operator):

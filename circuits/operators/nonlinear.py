@@ -12,6 +12,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from ..context import NodeContext
 from ..sharding import PART, ROUTED, VNODE
@@ -36,7 +37,7 @@ class Distinct(Operator):
     consolidates = True
 
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
-        columns = data_columns(delta)
+        columns = data_columns(ctx.schema(0, delta))
         d = ctx.keyed(delta, columns)
         d = d.groupBy(*ROUTED, *columns).agg(F.sum(WEIGHT).alias(WEIGHT))
         old = ctx.lookup("trace", d, columns, d, null_safe=True)
@@ -102,7 +103,7 @@ class Aggregate(Operator):
             F.sum(WEIGHT).alias(_ROWS),
             *[p.alias(name) for i, (_, a) in enumerate(self.aggs) for name, p in _partials(i, a).items()],
         )
-        template = self._state_template(partial, d)
+        template = self._state_template(partial, ctx.schema(0, delta))
         before = ctx.share(ctx.lookup("groups", partial, keys, template, null_safe=True))
         # Each contribution is a set of per-group rows; summed (or min/max-ed) per group they
         # give the accumulators after the step.  While the input only inserts, a group's new
@@ -141,10 +142,10 @@ class Aggregate(Operator):
         columns = [*self.keys, *[name for name, _ in self.aggs]]
         return result.groupBy(PART, *columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(weight() != 0).select(*columns, WEIGHT)
 
-    def _state_template(self, partial: DataFrame, d: DataFrame) -> DataFrame:
-        """The shape of a group's state row, as a zero-row DataFrame."""
+    def _state_template(self, partial: DataFrame, schema: T.StructType) -> DataFrame:
+        """The shape of a group's state row, as a zero-row DataFrame (``schema``: the input's)."""
         extra = [
-            (F.lit(None).cast(d.schema[a.column].dataType) if a.kind in _EXTREMES else F.lit(0).cast("bigint")).alias(
+            (F.lit(None).cast(schema[a.column].dataType) if a.kind in _EXTREMES else F.lit(0).cast("bigint")).alias(
                 f"_a{i}"
             )
             for i, (_, a) in enumerate(self.aggs)

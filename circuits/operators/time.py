@@ -18,7 +18,7 @@ from .base import Operator
 
 
 def _keyed(ctx: NodeContext, delta: DataFrame) -> DataFrame:
-    return with_vnode(delta, data_columns(delta), ctx.layout.vnodes)
+    return with_vnode(delta, data_columns(ctx.schema(0, delta)), ctx.layout.vnodes)
 
 
 class Integrate(Operator):
