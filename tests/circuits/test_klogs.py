@@ -1,0 +1,140 @@
+"""KLogs pipelines (seed 003) against a plain sequential Python fold (hypothesis).
+
+Random messages over random keys of two named logs, cut into random steps: per key, the
+sink receives exactly what a sequential fold over that key's messages emits (messages of
+a step in (source log, partition, offset) order), at 1, 2 and 4 workers, with a restart
+on a different number of workers (a rescale) part way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from circuits import InMemoryStateStore, Layout, StepRunner, from_rows
+from circuits.klogs import DEAD_LETTERS, RECORD_SCHEMA, KLog, deploy, merge, messages
+from circuits.operators.keyed import KLogsError
+
+LOGS = ("events-a", "events-b")
+
+
+def route(key, value):
+    """Re-keys by lower case, copies every third value to "all", drops 7."""
+    if value == 7:
+        return []
+    return [key.lower()] + (["all"] if value % 3 == 0 else [])
+
+
+def step_fn(state, key, value):
+    """A running sum and count; emits the sum, and the count for odd values; refuses 5."""
+    if value == 5:
+        raise ValueError(f"five for {key}")
+    total, n = state[0] + value, state[1] + 1
+    return [total, n], [total] + ([n] if value % 2 else [])
+
+
+def pipeline_circuit():
+    a, b = KLog.named(LOGS[0]), KLog.named(LOGS[1])
+
+    def pipeline():
+        merge([a, b]).partition(route).loop([0, 0], step_fn).sink(print)
+
+    return deploy(pipeline, "klogs_test")
+
+
+messages_strategy = st.lists(
+    st.tuples(st.integers(0, 1), st.sampled_from(["A", "a", "B", "c", "C"]), st.integers(0, 9)), max_size=24
+)
+
+
+@st.composite
+def split_messages(draw):
+    msgs = draw(messages_strategy)
+    cuts = sorted(draw(st.sets(st.integers(0, len(msgs)), max_size=3)))
+    bounds = [0, *cuts, len(msgs)]
+    return msgs, [msgs[i:j] for i, j in zip(bounds, bounds[1:])], draw(st.integers(0, 3))
+
+
+def records(steps):
+    """Each step's input rows per log: a key goes to one partition, offsets count up."""
+    offsets = defaultdict(int)
+    out = []
+    for step in steps:
+        rows = defaultdict(list)
+        for src, key, value in step:
+            partition = ord(key[0].lower()) % 2
+            offset = offsets[src, partition]
+            offsets[src, partition] += 1
+            rows[LOGS[src]].append((json.dumps(key), json.dumps(value), partition, offset, 1))
+        out.append(rows)
+    return out
+
+
+def oracle(steps_records):
+    """Per new key, what a sequential fold emits, and the dead letters (key, ord)."""
+    states, emitted, dead = {}, defaultdict(list), set()
+    for rows in steps_records:
+        step_messages = []
+        for src, name in enumerate(LOGS):
+            for key, value, partition, offset, _ in rows.get(name, []):
+                for new_key in route(json.loads(key), json.loads(value)):
+                    step_messages.append(((src, partition, offset), new_key, json.loads(value)))
+        for ord_, key, value in sorted(step_messages):
+            try:
+                state, out = step_fn(states.get(key, [0, 0]), key, value)
+            except ValueError:
+                dead.add((json.dumps(key), ord_))
+                continue
+            states[key] = state
+            emitted[key] += out
+    return dict(emitted), dead
+
+
+def run(spark, steps_records, workers, restart_at):
+    """Runs the steps; from ``restart_at`` a new runner on the same state with one more worker."""
+    circuit = pipeline_circuit()
+    sink = next(iter(circuit.sinks))
+    store = InMemoryStateStore(small_traces=workers == 2)
+    runner = StepRunner(circuit, spark, store, workers=workers)
+    emitted, dead = defaultdict(list), set()
+    for t, rows in enumerate(steps_records):
+        if t == restart_at:
+            runner = StepRunner(circuit, spark, store, layout=Layout.balanced(circuit.vnodes, workers + 1))
+        inputs = {name: from_rows(spark, r, RECORD_SCHEMA) for name, r in rows.items() if r}
+        out = runner.step(inputs, rows=sum(map(len, rows.values())) if t % 2 == 0 else None).collect_outputs()
+        for key, value, _ in messages(out[sink]):
+            emitted[key].append(value)
+        for stage, key, _, ord_, reason, w in out[DEAD_LETTERS]:
+            assert (stage, w) == ("loop_2", 1) and reason.startswith("ValueError: five")
+            dead.add((key, tuple(ord_[:3])))
+    return dict(emitted), dead
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(split=split_messages())
+def test_loop_equals_a_sequential_fold(spark, workers, split):
+    _, steps, restart_at = split
+    steps_records = records(steps)
+    assert run(spark, steps_records, workers, restart_at) == oracle(steps_records)
+
+
+def test_an_unserialisable_state_names_the_stage_key_and_type(spark):
+    def pipeline():
+        KLog.named("log").loop(0, lambda s, k, v: ({s}, [])).sink(print)
+
+    runner = StepRunner(deploy(pipeline, "bad_state"), spark, InMemoryStateStore())
+    with pytest.raises(Exception, match=r'stage loop_1: the state of key "k" is a set, not JSON-serialisable'):
+        runner.step({"log": from_rows(spark, [('"k"', "1", 0, 0, 1)], RECORD_SCHEMA)})
+
+
+def test_an_unserialisable_initial_state_is_refused_when_deployed():
+    def pipeline():
+        KLog.named("log").loop(object(), lambda s, k, v: (s, [])).sink(print)
+
+    with pytest.raises(KLogsError, match="initial state"):
+        deploy(pipeline, "bad_init")
