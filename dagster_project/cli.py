@@ -6,10 +6,12 @@ so partitions, runs and sensor cursors survive a restart.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
 
+from dagster import DagsterInstance
 from rich.console import Console
 from rich.table import Table
 
@@ -27,6 +29,7 @@ from .config import HOME_ENV, home, load_project
 from .console import Progress, log_path, output_to_log
 from .demo import DemoResult, run_demo
 from .factory import describe, open_pipeline
+from .klogs_demo import run_klogs_demo
 from .resources import EMBEDDED, build_resources
 
 DAGSTER_YAML = """\
@@ -89,6 +92,17 @@ def demo(args: argparse.Namespace) -> int:
             for line in _demo_summary(result, _daemons_note(project), path):
                 progress.line(line)
     return 0 if result.succeeded else 1
+
+
+def klogs_demo(args: argparse.Namespace) -> int:
+    """The word count of seed 003 (KLogs) through Dagster: its sink prints a JSON line per
+    total on the terminal; Dagster's events and Spark's output go to the log."""
+    path = log_path(home("logs"), "klogs-demo")
+    with output_to_log(path, echo=args.verbose) as terminal, contextlib.redirect_stdout(terminal):
+        succeeded = run_klogs_demo(load_project(args.config), args.one_step, DagsterInstance.get())
+    if not succeeded:
+        print(f"dbsp klogs-demo: a step failed; full log: {path}", file=sys.stderr)
+    return 0 if succeeded else 1
 
 
 def _reason(e: Exception) -> str:
@@ -240,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--reset", action="store_true", help="start the pipeline over (delete its Delta tables first)")
     d.add_argument("--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)")
     d.set_defaults(run=demo)
+
+    k = commands.add_parser("klogs-demo", help="the word count of seed 003 (KLogs) through Dagster, printing its totals")
+    k.add_argument("--one-step", action="store_true", help="all four messages in one step (default: a step per message)")
+    k.add_argument("--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)")
+    k.set_defaults(run=klogs_demo)
 
     for name, fn, text in (
         ("status", status, "committed step, checkpoint, layout, lease and lag per partition"),

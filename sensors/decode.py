@@ -5,6 +5,11 @@ be a UTF-8 JSON object holding every field of its topic's schema (null allowed) 
 field's type, and optionally ``_weight``: a nonzero integer, 1 when absent (-1 deletes the
 row). Other keys are ignored. A record that breaks these rules becomes a dead letter with
 the reason, instead of failing the step.
+
+A keyed log's topic (KLogs, declared with :data:`circuits.klogs.RECORD_SCHEMA`) is read
+as records: the message key and the value (each any JSON value), with the record's
+partition and offset.  Such a log is append-only: a value that is an object with a
+``_weight`` other than 1 is a retraction, and a dead letter like an undecodable one.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from circuits.klogs import RECORD_SCHEMA
 from circuits.zset import WEIGHT, parse_schema
 from storage.logs import DEAD_LETTER_SCHEMA, Range
 
@@ -34,12 +40,18 @@ CHUNK = 50_000
 MAX_BATCH = 10_000
 """Most records asked of the consumer at once."""
 
+READER_CONFIG = {"fetch.wait.max.ms": 10}
+"""A reader's consumer settings (the pipeline's client config overrides them).  It reads
+offsets known to exist: a fetch held open for more (librdkafka waits 500 ms by default)
+only delays the next range."""
+
 # One row per consumed record: ``weight`` when the value is valid, else ``reason``.
 _RAW_SCHEMA = T.StructType(
     [
         T.StructField("topic", T.StringType()),
         T.StructField("partition", T.IntegerType()),
         T.StructField("offset", T.LongType()),
+        T.StructField("key", T.StringType()),
         T.StructField("value", T.StringType()),
         T.StructField("weight", T.LongType()),
         T.StructField("reason", T.StringType()),
@@ -49,6 +61,8 @@ _RAW_ARROW = to_arrow_schema(_RAW_SCHEMA)
 
 Fields = tuple[tuple[str, str], ...]
 """The (column, type name) pairs a record's value is validated against."""
+KEYED: Fields = (("*", "keyed log record"),)
+"""The fields of a keyed log's topic: its values are any JSON, its rows the records."""
 
 
 def _integer(bits: int) -> Callable[[object], bool]:
@@ -73,6 +87,8 @@ _CHECKS: dict[str, Callable[[object], bool]] = {
 
 def fields_of(schema: T.StructType | str) -> Fields:
     """The fields ``validate`` checks for ``schema``; refuses types it cannot check."""
+    if parse_schema(schema) == parse_schema(RECORD_SCHEMA):
+        return KEYED
     fields = parse_schema(schema).fields
     for f in fields:
         if f.name == WEIGHT:
@@ -108,6 +124,9 @@ def validate(value: bytes | None, fields: Fields) -> tuple[int | None, str | Non
         row = json.loads(value.decode("utf-8"), parse_constant=_refuse_constant)
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both are
         return None, f"undecodable value: not UTF-8 JSON ({error})"
+    if fields == KEYED:
+        weight = row.get(WEIGHT, 1) if isinstance(row, dict) else 1
+        return (1, None) if weight == 1 else (None, f"retraction: a keyed log is append-only ({WEIGHT!r} {weight!r})")
     if not isinstance(row, dict):
         return None, f"undecodable value: a JSON {type(row).__name__}, not an object"
     for name, expected in fields:
@@ -127,7 +146,11 @@ def _record(topic: str, partition: int, message: Message, fields: Fields) -> dic
     weight, reason = validate(value, fields)
     # A dead letter keeps its value as text: bytes that are not UTF-8 show as \\xNN escapes.
     text = None if value is None else value.decode("utf-8", errors="backslashreplace")
-    return {"topic": topic, "partition": partition, "offset": message.offset(), "value": text,
+    key = message.key()
+    key = None if key is None else key.decode("utf-8", errors="backslashreplace")
+    if fields == KEYED and reason is None and validate(message.key(), KEYED)[1] is not None:
+        weight, reason = None, f"undecodable key: not UTF-8 JSON ({key!r})"
+    return {"topic": topic, "partition": partition, "offset": message.offset(), "key": key, "value": text,
             "weight": weight, "reason": reason}
 
 
@@ -138,6 +161,9 @@ def _read_range(consumer: Consumer, chunk: tuple[str, int, int, int], fields: Fi
     ``timeout`` seconds."""
     topic, partition, start, end = chunk
     position = start
+    # A consumer learns of a topic it was not assigned before only at its next periodic
+    # metadata scan (every second); asking first makes the fetch start at once.
+    consumer.list_topics(topic, timeout)
     consumer.assign([TopicPartition(topic, partition, position)])
     while position < end:
         before = position
@@ -160,7 +186,7 @@ def _read_range(consumer: Consumer, chunk: tuple[str, int, int, int], fields: Fi
 def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, Fields], timeout: float,
                 chunks: list[tuple[str, int, int, int]], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` body, run on an executor: one batch of rows per chunk number it is given."""
-    consumer = Consumer(consumer_config(bootstrap_servers, config))
+    consumer = Consumer(consumer_config(bootstrap_servers, {**READER_CONFIG, **(config or {})}))
     try:
         for batch in batches:
             for i in batch.column("id").to_pylist():
@@ -208,13 +234,12 @@ class Decoded:
 
 
 def _zset(raw: DataFrame, topic: str, schema: T.StructType) -> DataFrame:
+    valid = raw.where((F.col("topic") == topic) & F.col("reason").isNull())
+    if fields_of(schema) == KEYED:
+        return valid.select(*schema.names, F.col("weight").alias(WEIGHT))
     # Values were validated, so a parse that would null a field fails instead.
     parsed = F.from_json("value", schema, {"mode": "FAILFAST"}).alias("row")
-    return (
-        raw.where((F.col("topic") == topic) & F.col("reason").isNull())
-        .select(parsed, F.col("weight").alias(WEIGHT))
-        .select("row.*", WEIGHT)
-    )
+    return valid.select(parsed, F.col("weight").alias(WEIGHT)).select("row.*", WEIGHT)
 
 
 def read_ranges(

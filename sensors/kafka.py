@@ -6,6 +6,7 @@ Every call has a timeout, and confluent_kafka's ``KafkaException`` is translated
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from functools import cached_property
 
@@ -112,9 +113,12 @@ class KafkaClient:
                 if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise SourceError(f"cannot create topic {topic!r} on {self.bootstrap_servers!r}: {error_text(error)}") from error
 
-    def produce(self, topic: str, values: Iterable[bytes], partition: int | None = None) -> int:
-        """Sends ``values`` to ``topic`` (to ``partition``, or as the producer partitions) and
-        waits until the broker acknowledged every one; returns how many were sent."""
+    def produce(
+        self, topic: str, values: Iterable[bytes], partition: int | None = None, keys: Iterable[bytes] | None = None
+    ) -> int:
+        """Sends ``values`` to ``topic`` (to ``partition``, or as the producer partitions, by
+        the record's key among ``keys`` when given) and waits until the broker acknowledged
+        every one; returns how many were sent."""
         self.partitions([topic])  # producing to a missing topic would make tansu create it
         failures: list[KafkaError] = []
 
@@ -124,8 +128,8 @@ class KafkaClient:
 
         target = {} if partition is None else {"partition": partition}
         count = 0
-        for value in values:
-            self._send(topic, value, delivered, target)
+        for value, key in zip(values, keys if keys is not None else itertools.repeat(None)):
+            self._send(topic, value, delivered, {**target, "key": key} if key is not None else target)
             count += 1
         left = self._producer.flush(self.timeout)
         if failures:

@@ -17,6 +17,7 @@ POINTS = (
     "after_input",
     "after_output",
     "after_view",
+    "after_sink",
     "during_state",
     "during_commit",
     "after_commit",

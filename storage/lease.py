@@ -51,6 +51,8 @@ class Lease:
     def __init__(self, root: str, ttl: float = 3600.0) -> None:
         self.uri = os.path.join(root, "_lease")
         self.ttl = ttl
+        self.token: int | None = None
+        """The token this object last acquired the lease with (the epoch its sinks act in)."""
 
     def current(self) -> LeaseRecord | None:
         table = open_table(self.uri)
@@ -67,6 +69,7 @@ class Lease:
             if record is None or record.free_for(holder, now, holder_gone):
                 token = table.version() + 1
                 if _write(table, LeaseRecord(token, holder, now, now + self.ttl, False)):
+                    self.token = token
                     return token
             elif time.monotonic() >= deadline:
                 raise LeaseHeldError(

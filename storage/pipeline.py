@@ -32,6 +32,7 @@ from .errors import StaleWriterError, StepOrderError, ViewError
 from .faults import failpoint
 from .lease import Lease
 from .logs import DivisionLog, InputLog, OutputLog, Range
+from .sinks import Sinks
 from .views import CurrentViews, retained_view_versions
 from .worker import Worker
 
@@ -114,6 +115,7 @@ class Pipeline:
         self.state = DeltaStateStore(spark, root)
         self.views = CurrentViews(spark, root, views, partitions=workers)
         self.lease = Lease(root)
+        self.sinks = Sinks(root, circuit)
         self.timings: Counter = Counter()
 
     @contextmanager

@@ -99,6 +99,9 @@ class Worker:
                 with pipeline.timed("view_commit"):
                     pipeline.views.update(step)  # from the committed log: skipped if done before a crash
                 failpoint("after_view", step)
+                with pipeline.timed("sinks"):
+                    pipeline.sinks.publish(step, pipeline.lease.token or 0)  # tokens skip what a crashed run did
+                failpoint("after_sink", step)
                 step += 1
                 pipeline.state.set_step(step)  # the database's step is the next one to run
             if step > first:  # a run with nothing to do leaves no trace: no new version anywhere

@@ -1,0 +1,70 @@
+"""``dbsp klogs-demo``: the seed's word count through Dagster prints the seed's four lines,
+in one step or a step per message, and a crash between the sink's side effect and the
+checkpoint prints none of them twice."""
+
+from collections import Counter
+
+import pytest
+import yaml
+from dagster import instance_for_test
+
+from circuits.klogs import DEAD_LETTERS
+from circuits.library.klogs_wordcount import SEED_MESSAGES
+from dagster_project import cli
+from dagster_project.config import parse_project
+from dagster_project.klogs_demo import SINK, Demo, demo_project
+from storage.pipeline import status
+
+SEED_LINES = [
+    '{"type":"OUT","name":"f","count totals":1}',
+    '{"type":"OUT","name":"m","count totals":3}',
+    '{"type":"OUT","name":"f","count totals":5}',
+    '{"type":"OUT","name":"m","count totals":7}',
+]
+
+
+def per_key(lines: list[str]) -> dict[str, list[str]]:
+    """The lines of each word, in order (words are independent keys: only their own order counts)."""
+    keys: dict[str, list[str]] = {}
+    for line in lines:
+        keys.setdefault(line.split('"name":')[1][:3], []).append(line)
+    return keys
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch, spark, spark_resource, broker) -> dict:
+    monkeypatch.setenv("DBSP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home" / "dagster"))
+    return {"pipelines": [], "resources": {"spark": spark_resource, "kafka": {"bootstrap_servers": broker.bootstrap},
+                                           "store": {"root": str(tmp_path / "store")}}}
+
+
+@pytest.mark.parametrize("one_step", [True, False], ids=["one step", "a step per message"])
+def test_the_demo_prints_the_seed_lines(settings, tmp_path, capfd, one_step):
+    path = tmp_path / "dbsp.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    assert cli.main(["--config", str(path), "klogs-demo", *(["--one-step"] if one_step else [])]) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert Counter(lines) == Counter(SEED_LINES)
+    assert per_key(lines) == per_key(SEED_LINES)
+    if not one_step:
+        assert lines == SEED_LINES  # a step per message: the producer's order
+
+
+def test_a_crash_after_the_sink_prints_no_line_twice(settings, monkeypatch, capfd):
+    with instance_for_test() as instance:
+        crash_and_recover(Demo(demo_project(parse_project(settings, "test"), "crash"), instance), monkeypatch, capfd)
+
+
+def crash_and_recover(demo: Demo, monkeypatch, capfd) -> None:
+    assert SINK in demo.spec.build_circuit().sinks and DEAD_LETTERS in demo.spec.sink_names
+    demo.produce(SEED_MESSAGES)
+    monkeypatch.setenv("DBSP_FAULT", "after_sink:0")
+    monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
+    [crashed] = demo.advance()
+    assert not crashed.success and "InjectedCrash" in str(crashed.all_events)
+    assert status(demo.root).committed_step == 0  # printed, not checkpointed
+    monkeypatch.delenv("DBSP_FAULT")
+    [outcome] = demo.advance()  # the sensor asks for step 0 again; its replay skips the printed tokens
+    assert outcome.success and status(demo.root).committed_step == 1
+    assert Counter(capfd.readouterr().out.splitlines()) == Counter(SEED_LINES)
