@@ -114,11 +114,16 @@ class KafkaClient:
                     raise SourceError(f"cannot create topic {topic!r} on {self.bootstrap_servers!r}: {error_text(error)}") from error
 
     def produce(
-        self, topic: str, values: Iterable[bytes], partition: int | None = None, keys: Iterable[bytes] | None = None
+        self,
+        topic: str,
+        values: Iterable[bytes],
+        partition: int | None = None,
+        keys: Iterable[bytes] | None = None,
+        headers: Iterable[list[tuple[str, bytes]]] | None = None,
     ) -> int:
         """Sends ``values`` to ``topic`` (to ``partition``, or as the producer partitions, by
-        the record's key among ``keys`` when given) and waits until the broker acknowledged
-        every one; returns how many were sent."""
+        the record's key among ``keys`` when given; with its ``headers`` when given) and
+        waits until the broker acknowledged every one; returns how many were sent."""
         self.partitions([topic])  # producing to a missing topic would make tansu create it
         failures: list[KafkaError] = []
 
@@ -128,8 +133,10 @@ class KafkaClient:
 
         target = {} if partition is None else {"partition": partition}
         count = 0
-        for value, key in zip(values, keys if keys is not None else itertools.repeat(None)):
-            self._send(topic, value, delivered, {**target, "key": key} if key is not None else target)
+        none = itertools.repeat(None)
+        for value, key, header in zip(values, none if keys is None else keys, none if headers is None else headers):
+            extra = {name: v for name, v in (("key", key), ("headers", header)) if v is not None}
+            self._send(topic, value, delivered, {**target, **extra})
             count += 1
         left = self._producer.flush(self.timeout)
         if failures:

@@ -38,6 +38,7 @@ from .logs import STEP, output_uri
 TOKENS = "_tokens"
 _TOKEN_FIELDS = [("stage", pa.string()), ("key", pa.string()), ("offset", pa.string()), ("step", pa.int64()), ("epoch", pa.int64())]
 TOKEN_SCHEMA = pa.schema(_TOKEN_FIELDS)
+_INTENT = ""  # the key of a sink's record of where its target stood before a step's first attempt
 
 
 class StaleEpochError(StaleWriterError):
@@ -55,9 +56,10 @@ class Message:
 
 
 class Publisher(Protocol):
-    """A sink that keeps its own tokens (see :class:`DeltaSink`)."""
+    """A sink object (see :class:`DeltaSink`): publishes a step's messages once, with the
+    pipeline's token store at hand."""
 
-    def publish(self, stage: str, step: int, epoch: int, messages: list[Message]) -> None: ...
+    def publish(self, stage: str, step: int, epoch: int, messages: list[Message], tokens: "TokenStore") -> None: ...
 
 
 def offset_of(ord_: Iterable[int]) -> str:
@@ -115,20 +117,29 @@ class TokenStore:
             rows = [{"stage": stage, "key": m.key_text, "offset": m.offset, "step": step, "epoch": epoch} for m in messages]
             _append(self.uri, TOKEN_SCHEMA, rows)
 
+    def intent(self, stage: str, step: int, epoch: int, mark: Callable[[], str]) -> str | None:
+        """What a sink recorded (``mark()``, say where its target ended) before it first
+        acted for ``stage`` in ``step``: None, after recording ``mark()``, when this is the
+        first attempt; the earlier record when a crashed attempt may have acted."""
+        rows = _rows(self.uri, (pc.field("stage") == stage) & (pc.field("step") == step) & (pc.field("key") == _INTENT))
+        if rows is not None and rows.num_rows:
+            return rows.column("offset")[0].as_py()
+        _append(self.uri, TOKEN_SCHEMA, [{"stage": stage, "key": _INTENT, "offset": mark(), "step": step, "epoch": epoch}])
+        return None
+
 
 class CallSink:
     """A sink function ``fn(k, v)``, called once per message (tokens in a :class:`TokenStore`)."""
 
-    def __init__(self, fn: Callable[[Any, Any], None], tokens: TokenStore) -> None:
+    def __init__(self, fn: Callable[[Any, Any], None]) -> None:
         self.fn = fn
-        self.tokens = tokens
 
-    def publish(self, stage: str, step: int, epoch: int, messages: list[Message]) -> None:
-        done = self.tokens.begin(stage, step, epoch)
+    def publish(self, stage: str, step: int, epoch: int, messages: list[Message], tokens: TokenStore) -> None:
+        done = tokens.begin(stage, step, epoch)
         todo = [m for m in messages if (m.key_text, m.offset) not in done]
         for m in todo:
             self.fn(m.key, m.value)
-        self.tokens.record(stage, step, epoch, todo)
+        tokens.record(stage, step, epoch, todo)
 
 
 class DeltaSink:
@@ -141,7 +152,7 @@ class DeltaSink:
     def __init__(self, uri: str) -> None:
         self.uri = uri
 
-    def publish(self, stage: str, step: int, epoch: int, messages: list[Message]) -> None:
+    def publish(self, stage: str, step: int, epoch: int, messages: list[Message], tokens: TokenStore) -> None:
         rows = _rows(self.uri, _relevant(stage, step, epoch))
         _check_epoch(rows, self.uri, epoch)
         done = _done(rows, stage, step)
@@ -159,16 +170,16 @@ class Sinks:
 
     def __init__(self, root: str, circuit: object) -> None:
         self.root = root
-        tokens = TokenStore(root)
+        self.tokens = TokenStore(root)
         sinks = circuit.sinks if isinstance(circuit, KLogsCircuit) else {}
         self.stages: dict[str, Publisher] = {
-            stage: fn if hasattr(fn, "publish") else CallSink(fn, tokens) for stage, fn in sinks.items()
+            stage: fn if hasattr(fn, "publish") else CallSink(fn) for stage, fn in sinks.items()
         }
 
     def publish(self, step: int, epoch: int) -> None:
         """Hands each sink stage the messages the committed output log holds for ``step``, in order."""
         for stage, sink in self.stages.items():
-            sink.publish(stage, step, epoch, step_messages(output_uri(self.root, stage), step))
+            sink.publish(stage, step, epoch, step_messages(output_uri(self.root, stage), step), self.tokens)
 
 
 def step_messages(uri: str, step: int) -> list[Message]:
