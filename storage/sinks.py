@@ -128,8 +128,14 @@ class TokenStore:
         return None
 
 
+SINK_DEAD_LETTERS = "_sink_dead_letters"
+DEAD_LETTER_SCHEMA = pa.schema([*_TOKEN_FIELDS, ("value", pa.string()), ("reason", pa.string())])
+
+
 class CallSink:
-    """A sink function ``fn(k, v)``, called once per message (tokens in a :class:`TokenStore`)."""
+    """A sink function ``fn(k, v)``, called once per message (tokens in a :class:`TokenStore`).
+    A message on which ``fn`` raises is a dead letter in ``<root>/_sink_dead_letters`` with
+    the exception's text (and its token is completed: it is not tried again)."""
 
     def __init__(self, fn: Callable[[Any, Any], None]) -> None:
         self.fn = fn
@@ -137,8 +143,15 @@ class CallSink:
     def publish(self, stage: str, step: int, epoch: int, messages: list[Message], tokens: TokenStore) -> None:
         done = tokens.begin(stage, step, epoch)
         todo = [m for m in messages if (m.key_text, m.offset) not in done]
+        dead = []
         for m in todo:
-            self.fn(m.key, m.value)
+            try:
+                self.fn(m.key, m.value)
+            except Exception as e:  # noqa: BLE001 - the user's function: the message is a dead letter
+                row = {"stage": stage, "key": m.key_text, "offset": m.offset, "step": step, "epoch": epoch}
+                dead.append({**row, "value": json.dumps(m.value), "reason": f"{type(e).__name__}: {e}"})
+        if dead:
+            _append(os.path.join(os.path.dirname(tokens.uri), SINK_DEAD_LETTERS), DEAD_LETTER_SCHEMA, dead)
         tokens.record(stage, step, epoch, todo)
 
 

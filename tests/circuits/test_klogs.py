@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from circuits import InMemoryStateStore, Layout, StepRunner, from_rows
 from circuits.klogs import DEAD_LETTERS, RECORD_SCHEMA, KLog, deploy, merge, messages
+from circuits.library.orders import ORDERS, order_workflow
 from circuits.operators.keyed import KLogsError
 
 LOGS = ("events-a", "events-b")
@@ -138,3 +139,24 @@ def test_an_unserialisable_initial_state_is_refused_when_deployed():
 
     with pytest.raises(KLogsError, match="initial state"):
         deploy(pipeline, "bad_init")
+
+
+def test_the_order_workflow_moves_each_order_on_and_reports_invalid_transitions(spark):
+    circuit = order_workflow()
+    runner = StepRunner(circuit, spark, InMemoryStateStore(), workers=2)
+    events = [("o1", "created"), ("o2", "paid"), ("o1", "paid"), ("o2", "created"), ("o1", "shipped"), ("o1", "paid")]
+    reports = defaultdict(list)
+    for step in ([0, 1, 2], [3], [4, 5]):  # o1's events in three steps, o2's in two
+        rows = [(json.dumps(events[i][0]), json.dumps({"event": events[i][1]}), 0, i, 1) for i in step]
+        out = runner.step({ORDERS: from_rows(spark, rows, RECORD_SCHEMA)}).collect_outputs()
+        for key, report, _ in messages(out[next(iter(circuit.sinks))]):
+            reports[key].append(report)
+    assert reports == {
+        "o1": [
+            {"order": "o1", "status": "created"},
+            {"order": "o1", "status": "paid"},
+            {"order": "o1", "status": "shipped"},
+            {"order": "o1", "invalid": "paid", "status": "shipped"},
+        ],
+        "o2": [{"order": "o2", "invalid": "paid", "status": None}, {"order": "o2", "status": "created"}],
+    }

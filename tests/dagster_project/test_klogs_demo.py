@@ -2,17 +2,20 @@
 in one step or a step per message, and a crash between the sink's side effect and the
 checkpoint prints none of them twice."""
 
+import os
 from collections import Counter
 
 import pytest
 import yaml
+from deltalake import DeltaTable
 from dagster import instance_for_test
 
 from circuits.klogs import DEAD_LETTERS
-from circuits.library.klogs_wordcount import SEED_MESSAGES
+from circuits.library.klogs_wordcount import SEED_MESSAGES, UPPER
 from dagster_project import cli
 from dagster_project.config import parse_project
 from dagster_project.klogs_demo import SINK, Demo, demo_project
+from storage.logs import DEAD_LETTERS as DEAD_LETTERS_TABLE
 from storage.pipeline import status
 
 SEED_LINES = [
@@ -68,3 +71,19 @@ def crash_and_recover(demo: Demo, monkeypatch, capfd) -> None:
     [outcome] = demo.advance()  # the sensor asks for step 0 again; its replay skips the printed tokens
     assert outcome.success and status(demo.root).committed_step == 1
     assert Counter(capfd.readouterr().out.splitlines()) == Counter(SEED_LINES)
+
+
+def test_a_retraction_or_malformed_record_in_a_keyed_log_is_a_dead_letter(settings, capfd):
+    with instance_for_test() as instance:
+        demo = Demo(demo_project(parse_project(settings, "test"), "bad"), instance)
+        upper = demo.source.topics[UPPER]
+        client = demo.source.client()
+        client.produce(upper, [b'{"_weight": -1}', b"not json"], keys=[b'"F"', b'"F"'])
+        demo.produce(SEED_MESSAGES)
+        outcomes = demo.advance() + demo.advance()  # six records: two steps of at most four
+        assert len(outcomes) == 2 and all(o.success for o in outcomes)
+        dead = DeltaTable(os.path.join(demo.root, DEAD_LETTERS_TABLE)).to_pyarrow_table().to_pylist()
+        reasons = sorted((d["topic"], d["offset"], d["reason"].split(":")[0]) for d in dead)
+        assert [(t, r) for t, _, r in reasons] == [(upper, "retraction"), (upper, "undecodable value")]
+        lines = capfd.readouterr().out.splitlines()  # nothing else lost: every message counted
+        assert len(lines) == 4 and {SEED_LINES[2], SEED_LINES[3]} <= set(lines)

@@ -31,3 +31,19 @@ def test_a_delta_sink_writes_each_message_once_and_refuses_an_older_epoch(tmp_pa
     with pytest.raises(StaleEpochError):
         sink.publish("sink_3", 1, 5, [message("m", 2, 4)], tokens)
     assert DeltaTable(uri).to_pyarrow_table().num_rows == 2
+
+
+def test_a_message_the_sink_function_raises_on_is_a_dead_letter(tmp_path):
+    tokens, seen = TokenStore(str(tmp_path)), []
+
+    def fussy(key, value):
+        if value == 3:
+            raise ValueError("three")
+        seen.append(value)
+
+    messages = [message("f", 0, 1), message("m", 1, 3), message("f", 2, 5)]
+    CallSink(fussy).publish("sink_3", 0, 1, messages, tokens)
+    CallSink(fussy).publish("sink_3", 0, 1, messages, tokens)
+    assert seen == [1, 5]
+    [dead] = DeltaTable(str(tmp_path / "_sink_dead_letters")).to_pyarrow_table().to_pylist()
+    assert (dead["key"], dead["offset"], dead["reason"]) == ('"m"', "0.0.1.0", "ValueError: three")
