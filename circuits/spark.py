@@ -9,10 +9,12 @@ The engine uses only APIs that work both over Spark Connect and in a classic ses
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 import traceback
+import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -105,13 +107,12 @@ def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = 
     return spark
 
 
-def remote_session(
-    url: str, extra: dict[str, str] | None = None, setting: str = "resources.spark.remote", fresh: bool = False
-) -> SparkSession:
-    """A session on the Spark Connect server at ``url`` (``sc://host:port``) with the
-    engine's settings: this process's (``fresh``: a new one).  Fails at once, naming
-    ``setting``, when nothing answers there; a server that stops answering mid-step fails
-    the step within seconds, not minutes."""
+def remote_session(url: str, extra: dict[str, str] | None = None, setting: str = "resources.spark.remote") -> SparkSession:
+    """This process's session on the Spark Connect server at ``url`` (``sc://host:port``,
+    with ``/;session_id=...`` to join a named session) with the engine's settings.  Fails at
+    once, naming ``setting``, when nothing answers there; a server that stops answering
+    mid-step fails the step within seconds, not minutes.  A named session that has been
+    closed (a client stopped it) cannot be joined again: the process then takes its own."""
     from pyspark.sql.connect.client.retries import DefaultPolicy
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
@@ -126,11 +127,31 @@ def remote_session(
         )
     # What SparkSession.builder.remote() does too: PySpark's functions build Connect columns.
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    builder = RemoteSession.builder.remote(url).config(map={**ENGINE_CONF, **(extra or {})})
-    spark = builder.create() if fresh else builder.getOrCreate()
+    spark = RemoteSession.builder.remote(_joinable(url)).config(map={**ENGINE_CONF, **(extra or {})}).getOrCreate()
     # The default policy retries an unreachable server for ten minutes.
     spark.client.set_retry_policies([DefaultPolicy(max_retries=4, initial_backoff=100, max_backoff=2000)])
     return spark
+
+
+def _joinable(url: str) -> str:
+    """``url``, or ``url`` without its session when that session was closed: it cannot be
+    joined again.  Asked with a bare client: a session object made for a closed session
+    hangs the interpreter's exit."""
+    from pyspark.errors.exceptions.connect import SparkConnectException
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    if ";session_id=" not in url:
+        return url
+    client = SparkConnectClient(url)
+    try:
+        client.get_configs("spark.app.id")
+        return url
+    except SparkConnectException as e:
+        if "INVALID_HANDLE.SESSION_CLOSED" not in str(e):
+            raise
+        return re.sub(r";session_id=[^;]*", "", url)
+    finally:
+        client.close()
 
 
 def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "local[2]", driver_memory: str = "4g",
@@ -139,14 +160,20 @@ def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "loca
     from the pyspark wheel, pid and log in ``state_dir``) unless a healthy one listens there.
 
     Every process of the machine then shares this one warm JVM: a Dagster run connects in
-    well under a second instead of starting its own Spark."""
+    well under a second instead of starting its own Spark.  They share one session of it
+    too (the URL names it): the server starts Python workers (``mapInArrow``) per session,
+    and keeps them after the session ends, so a session per run cost each run a second
+    to start them and left three processes behind."""
     url = f"sc://{HOST}:{port}"
+    application: list[str] = []
     daemon = Daemon("spark-connect", port, state_dir)
     home = os.path.dirname(pyspark.__file__)
     settings = {
         **SERVER_CONF,
         "spark.connect.grpc.binding.address": HOST,
         "spark.connect.grpc.binding.port": str(port),
+        # The shared session lives as long as the server.
+        "spark.connect.session.manager.defaultSessionTimeout": "-1",
         **(conf or {}),
     }
     command = [
@@ -172,22 +199,23 @@ def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "loca
                     f"{timeout:g} s; see {daemon.log_path}"
                 )
             time.sleep(0.1)
-        _probe(url, daemon.log_path)
+        application.append(_probe(url, daemon.log_path))
 
     # Python workers (mapInArrow) must run the interpreter that has this project's packages.
     daemon.ensure(command, ready, env={"SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable})
-    return url
+    # Named after the server's application: a server started anew has new sessions.
+    return f"{url}/;session_id={uuid.uuid5(uuid.NAMESPACE_URL, f'{url} {application[-1]}')}"
 
 
-def _probe(url: str, log_path: str) -> None:
-    """Asks the server at ``url`` for a setting: a listening but hung server fails it."""
+def _probe(url: str, log_path: str) -> str:
+    """The application id of the server at ``url``: a listening but hung server fails to say."""
     from pyspark.sql.connect.client import SparkConnectClient
 
     try:
         # A bare client: a session of this process would outlive the probe.
         probe = SparkConnectClient(url, retry_policy={"max_retries": 2})
         try:
-            probe.get_configs("spark.app.name")
+            return probe.get_configs("spark.app.id")[0]
         finally:
             probe.close()
     except Exception as e:  # noqa: BLE001 - any failure means unhealthy

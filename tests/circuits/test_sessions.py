@@ -1,0 +1,51 @@
+"""Every process on the embedded Spark Connect server joins one session of it (its Python
+workers are per session), and a process whose named session was closed takes its own."""
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from pyspark.sql.connect.client import SparkConnectClient
+
+PROJECT = Path(__file__).resolve().parents[2]
+CHILD = """
+import sys
+from circuits.spark import remote_session
+spark = remote_session(sys.argv[1])
+print(spark.range(7).count(), spark.client._server_session_id)
+"""
+
+
+def _session_of_child(url: str) -> tuple[int, str]:
+    run = subprocess.run([sys.executable, "-c", CHILD, url], cwd=PROJECT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(PROJECT)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    count, session = run.stdout.split()[-2:]
+    return int(count), session
+
+
+def _server_session(url: str) -> str:
+    client = SparkConnectClient(url)
+    try:
+        client.get_configs("spark.app.id")
+        return client._server_session_id  # noqa: SLF001 - the server's name for the session, learnt from an answer
+    finally:
+        client.close()
+
+
+def test_processes_join_the_embedded_servers_session(connect_url):
+    assert ";session_id=" in connect_url
+    assert _session_of_child(connect_url) == (7, _server_session(connect_url))
+
+
+def test_a_process_whose_named_session_was_closed_takes_its_own(connect_url):
+    named = f"{connect_url.split('/;')[0]}/;session_id={uuid.uuid4()}"
+    closing = SparkConnectClient(named)
+    closing.get_configs("spark.app.id")
+    closed = closing._server_session_id  # noqa: SLF001
+    closing.release_session()
+    closing.close()
+    count, session = _session_of_child(named)
+    assert count == 7 and session != closed
