@@ -5,7 +5,9 @@ in memory or durably on Delta."""
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import tempfile
 import time
 from collections import Counter
 
@@ -13,7 +15,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from circuits import InMemoryStateStore, StepRunner
+from circuits.daemon import free_port
 from circuits.library import nexmark_circuit
+from circuits.spark import connect_server, remote_session, stop_connect_server
 from circuits.zset import consolidate, data_columns
 from storage.logs import STEP, OutputLog, Range
 from storage.pipeline import Pipeline
@@ -83,3 +87,17 @@ def rounded(rows: Counter) -> Counter:
     """``rows`` with floats rounded to 6 places: an average kept incrementally and one
     recomputed in batch may differ in the last bits."""
     return Counter({tuple(round(v, 6) if isinstance(v, float) else v for v in row): n for row, n in rows.items()})
+
+
+def on_spark(run, args, prefix: str) -> None:
+    """``run(spark, work, args)`` in a fresh work directory, on the Spark Connect server at
+    ``args.url``, else on one started for the run (4g) and stopped after."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    port = free_port()
+    url = args.url or connect_server(os.path.join(work, "spark"), port, driver_memory="4g")
+    try:
+        run(remote_session(url), work, args)
+    finally:
+        if not args.url:
+            stop_connect_server(os.path.join(work, "spark"), port)
+        shutil.rmtree(work, ignore_errors=True)

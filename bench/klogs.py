@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,11 +22,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pandas as pd  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from circuits.daemon import free_port  # noqa: E402
 from circuits.klogs import KLog, deploy  # noqa: E402
-from circuits.spark import connect_server, remote_session, stop_connect_server  # noqa: E402
 from storage.logs import Range  # noqa: E402
 from storage.pipeline import Pipeline  # noqa: E402
+
+from common import on_spark  # noqa: E402
 
 LOG = "bench"
 
@@ -111,16 +109,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--per-step", type=int, default=10_000)
     parser.add_argument("--url", help="a running Spark Connect server (default: start one for the run)")
-    args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="klogs-bench-")
-    port = free_port()
-    url = args.url or connect_server(os.path.join(work, "spark"), port, driver_memory="4g")
-    try:
-        run(remote_session(url), work, args)
-    finally:
-        if not args.url:
-            stop_connect_server(os.path.join(work, "spark"), port)
-        shutil.rmtree(work, ignore_errors=True)
+    on_spark(run, parser.parse_args(), "klogs-bench-")
 
 
 if __name__ == "__main__":

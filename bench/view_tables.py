@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,11 +26,11 @@ from deltalake import DeltaTable  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from circuits import Circuit, from_rows  # noqa: E402
-from circuits.daemon import free_port  # noqa: E402
-from circuits.spark import connect_server, remote_session, stop_connect_server  # noqa: E402
 from storage import views  # noqa: E402
 from storage.logs import Range  # noqa: E402
 from storage.pipeline import Pipeline  # noqa: E402
+
+from common import on_spark  # noqa: E402
 
 SCHEMA = "k bigint, v bigint"
 
@@ -58,16 +56,7 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1_000)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--url", help="a running Spark Connect server (default: start one for the run)")
-    args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="view-bench-")
-    port = free_port()
-    url = args.url or connect_server(os.path.join(work, "spark"), port, driver_memory="4g")
-    try:
-        run(remote_session(url), work, args)
-    finally:
-        if not args.url:
-            stop_connect_server(os.path.join(work, "spark"), port)
-        shutil.rmtree(work, ignore_errors=True)
+    on_spark(run, parser.parse_args(), "view-bench-")
 
 
 def run(spark, work: str, args) -> None:
