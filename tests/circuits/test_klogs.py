@@ -124,12 +124,20 @@ def test_loop_equals_a_sequential_fold(spark, workers, split):
     assert run(spark, steps_records, workers, restart_at) == oracle(steps_records)
 
 
-def test_an_unserialisable_state_names_the_stage_key_and_type(spark):
+@pytest.mark.parametrize(
+    "build, error",
+    [
+        (lambda log: log.loop(0, lambda s, k, v: ({s}, [])), 'stage loop_1: the state of key "k" is a set'),
+        (lambda log: log.partition(lambda k, v: [(k, b"x")]), 'stage partition_1: the new key of key "k" is a tuple'),
+    ],
+    ids=["state", "key"],
+)
+def test_an_unserialisable_state_or_key_names_the_stage_key_and_type(spark, build, error):
     def pipeline():
-        KLog.named("log").loop(0, lambda s, k, v: ({s}, [])).sink(print)
+        build(KLog.named("log")).sink(print)
 
-    runner = StepRunner(deploy(pipeline, "bad_state"), spark, InMemoryStateStore())
-    with pytest.raises(Exception, match=r'stage loop_1: the state of key "k" is a set, not JSON-serialisable'):
+    runner = StepRunner(deploy(pipeline, "bad_json"), spark, InMemoryStateStore())
+    with pytest.raises(Exception, match=f"{error}, not JSON-serialisable"):
         runner.step({"log": from_rows(spark, [('"k"', "1", 0, 0, 1)], RECORD_SCHEMA)})
 
 
