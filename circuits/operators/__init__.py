@@ -1,7 +1,8 @@
-"""Incremental operators, one module per family: linear, bilinear, non-linear, time."""
+"""Incremental operators, one module per family: linear, bilinear, non-linear, time, keyed (KLogs)."""
 
 from .base import Operator
 from .bilinear import Join
+from .keyed import Loop, Partition
 from .linear import Filter, FlatMap, Input, Negate, Select, Union
 from .nonlinear import AGG_KINDS, Agg, Aggregate, Distinct
 from .time import Delay, Differentiate, Integrate
@@ -18,8 +19,10 @@ __all__ = [
     "Input",
     "Integrate",
     "Join",
+    "Loop",
     "Negate",
     "Operator",
+    "Partition",
     "Select",
     "Union",
 ]
