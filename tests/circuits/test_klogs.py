@@ -141,7 +141,7 @@ def test_an_unserialisable_state_or_key_names_the_stage_key_and_type(spark, buil
         runner.step({"log": from_rows(spark, [('"k"', "1", 0, 0, 1)], RECORD_SCHEMA)})
 
 
-def test_an_unserialisable_initial_state_is_refused_when_deployed():
+def test_an_unserialisable_initial_state_is_refused_when_deployed(spark):  # building needs a session
     def pipeline():
         KLog.named("log").loop(object(), lambda s, k, v: (s, [])).sink(print)
 
