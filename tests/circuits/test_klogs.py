@@ -24,7 +24,9 @@ LOGS = ("events-a", "events-b")
 
 
 def route(key, value):
-    """Re-keys by lower case, copies every third value to "all", drops 7."""
+    """Re-keys by lower case, copies every third value to "all", drops 7; refuses 8."""
+    if value == 8:
+        raise KeyError(f"eight for {key}")
     if value == 7:
         return []
     return [key.lower()] + (["all"] if value % 3 == 0 else [])
@@ -76,19 +78,22 @@ def records(steps):
 
 
 def oracle(steps_records):
-    """Per new key, what a sequential fold emits, and the dead letters (key, ord)."""
+    """Per new key, what a sequential fold emits, and the dead letters (stage, key, ord)."""
     states, emitted, dead = {}, defaultdict(list), set()
     for rows in steps_records:
         step_messages = []
         for src, name in enumerate(LOGS):
             for key, value, partition, offset, _ in rows.get(name, []):
+                if json.loads(value) == 8:
+                    dead.add(("partition_1", key, (src, partition, offset)))
+                    continue
                 for new_key in route(json.loads(key), json.loads(value)):
                     step_messages.append(((src, partition, offset), new_key, json.loads(value)))
         for ord_, key, value in sorted(step_messages):
             try:
                 state, out = step_fn(states.get(key, [0, 0]), key, value)
             except ValueError:
-                dead.add((json.dumps(key), ord_))
+                dead.add(("loop_2", json.dumps(key), ord_))
                 continue
             states[key] = state
             emitted[key] += out
@@ -110,8 +115,8 @@ def run(spark, steps_records, workers, restart_at):
         for key, value, _ in messages(out[sink]):
             emitted[key].append(value)
         for stage, key, _, ord_, reason, w in out[DEAD_LETTERS]:
-            assert (stage, w) == ("loop_2", 1) and reason.startswith("ValueError: five")
-            dead.add((key, tuple(ord_[:3])))
+            assert w == 1 and reason.startswith({"loop_2": "ValueError: five", "partition_1": "KeyError: 'eight"}[stage])
+            dead.add((stage, key, tuple(ord_[:3])))
     return dict(emitted), dead
 
 
