@@ -1,16 +1,30 @@
-"""A pipeline served by Dagster against the test broker: produce, tick the sensor, run steps."""
+"""A pipeline served by Dagster against the test broker: produce, tick the sensor, run steps;
+and ``dagster dev`` serving one, for the tests that drive the webserver."""
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 
+import yaml
 from dagster import DagsterInstance, build_sensor_context
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
 )
 
+from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
+from circuits.spark import stop_connect_server
+from dagster_project.cli import DAGSTER_YAML
 from dagster_project.config import parse_project
 from dagster_project.factory import build_definitions, step_key
 from sensors.broker import local_producer_config
@@ -113,3 +127,75 @@ def integral(df) -> Counter:
     for row in df.collect():
         total[tuple(row[c] for c in columns)] += row["_weight"]
     return Counter({row: w for row, w in total.items() if w != 0})
+
+
+LOCATION = "dagster_project.definitions"
+LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus
+  locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
+
+
+def graphql(port: int, query: str, variables: dict | None = None) -> dict:
+    body = json.dumps({"query": query, "variables": variables or {}}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.load(response)
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"GraphQL answered {e.code}: {e.read().decode()[:2000]}") from None
+    assert "errors" not in answer, answer
+    return answer["data"]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def dagster_dev(tmp_path, bootstrap: str, name: str, spark: dict | None = None, **settings) -> Iterator[tuple[int, object]]:
+    """``dagster dev`` (webserver, daemon, code server) serving one pipeline ``name`` with the
+    Dagster home ``dbsp`` writes, until the block ends; yields (port, Dagster home).
+
+    Without ``spark``, the runs use the embedded Spark Connect server, as ``dbsp dev`` does:
+    the first run starts it (pid and log under $DBSP_HOME/spark), the next ones reuse it, and
+    it is stopped at the end.  ``settings`` are the pipeline's (see :func:`project_settings`)."""
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    config = tmp_path / "dbsp.yaml"
+    spark_port = None if spark else free_port()
+    spark = spark or {"embedded_port": spark_port}
+    config.write_text(yaml.safe_dump(project_settings(str(tmp_path / "store"), bootstrap, name, spark, **settings)))
+    port = free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "DBSP_CONFIG": str(config), "DBSP_HOME": str(tmp_path)}
+    log = open(tmp_path / "webserver.log", "wb")
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "dagster"), "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True,
+    )
+
+    def loaded():
+        try:
+            entries = graphql(port, LOCATIONS)["workspaceOrError"]["locationEntries"]
+        except OSError:
+            return False
+        return entries and entries[0]["loadStatus"] == "LOADED" and entries[0]
+
+    try:
+        entry = wait_for(loaded, 120, "the webserver to load the code location")
+        assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
+        yield port, home
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # dagster dev and the webserver, daemon and code servers it started
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+        if spark_port:
+            stop_connect_server(str(tmp_path / "spark"), spark_port)

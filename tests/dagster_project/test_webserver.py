@@ -2,28 +2,14 @@
 and daemon, with the Dagster home ``dbsp`` writes), whose runs execute in their own
 processes (own SparkSession) against the test broker."""
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-
 import pytest
-import yaml
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
-from circuits.daemon import free_port
-from circuits.spark import stop_connect_server
-from dagster_project.cli import DAGSTER_YAML
 from storage.pipeline import status
 
-from .harness import Harness, integral, project_settings
+from .harness import LOCATION, Harness, dagster_dev, graphql, integral, wait_for
 
-LOCATION = "dagster_project.definitions"
 BACKFILL = """
 mutation($params: LaunchBackfillParams!) {
   launchPartitionBackfill(backfillParams: $params) {
@@ -43,72 +29,13 @@ mutation($params: ExecutionParams!) {
   }
 }"""
 RUN = """query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { status } } }"""
-LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus
-  locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
-
-
-def graphql(port: int, query: str, variables: dict | None = None) -> dict:
-    body = json.dumps({"query": query, "variables": variables or {}}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", body, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            answer = json.load(response)
-    except urllib.error.HTTPError as e:
-        raise AssertionError(f"GraphQL answered {e.code}: {e.read().decode()[:2000]}") from None
-    assert "errors" not in answer, answer
-    return answer["data"]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture
 def webserver(tmp_path, broker):
-    """A Dagster webserver serving one pipeline; yields (port, harness settings)."""
-    home = tmp_path / "dagster"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(DAGSTER_YAML)
-    name = "served"
-    config = tmp_path / "dbsp.yaml"
-    # The runs use the embedded Spark Connect server, as ``dbsp dev`` does: the first run
-    # starts it (pid and log under $DBSP_HOME/spark), the next one reuses it.
-    spark_port = free_port()
-    settings = project_settings(str(tmp_path / "store"), broker.bootstrap, name, {"embedded_port": spark_port})
-    config.write_text(yaml.safe_dump(settings))
-    port = free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "DBSP_CONFIG": str(config), "DBSP_HOME": str(tmp_path)}
-    log = open(tmp_path / "webserver.log", "wb")
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "dagster"), "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True,
-    )
-
-    def loaded():
-        try:
-            entries = graphql(port, LOCATIONS)["workspaceOrError"]["locationEntries"]
-        except OSError:
-            return False
-        return entries and entries[0]["loadStatus"] == "LOADED" and entries[0]
-
-    try:
-        entry = wait_for(loaded, 120, "the webserver to load the code location")
-        assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
-        yield port, home, name
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)  # dagster dev and the webserver, daemon and code servers it started
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
-        stop_connect_server(str(tmp_path / "spark"), spark_port)
+    """A Dagster webserver serving one pipeline; yields (port, Dagster home, pipeline name)."""
+    with dagster_dev(tmp_path, broker.bootstrap, "served") as (port, home):
+        yield port, home, "served"
 
 
 def test_backfill_and_run_launched_through_graphql(spark, spark_resource, broker, tmp_path, webserver):
