@@ -9,7 +9,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .frames import with_columns, without
 from .sharding import PART, VNODE, Layout, exchange, with_vnode
 from .state import StateStore
 from .zset import consolidate, empty_like, nothing
@@ -45,7 +44,7 @@ class StepContext:
         gathered by a shuffle; any other is merged without one, in the task that reads it."""
         if not self.single:
             return exchange(df, self.layout)
-        routed = with_columns(df, **{PART: self.layout.part_of(F.col(VNODE))})
+        routed = df.withColumn(PART, self.layout.part_of(F.col(VNODE)))
         return routed.repartition(1) if scanned else routed.coalesce(1)
 
     def share(self, df: DataFrame, empty: bool) -> DataFrame:
@@ -120,7 +119,7 @@ class NodeContext:
         """Adds ``delta`` (which carries a vnode column) to trace ``suffix`` at the end of the step."""
         if self.empty:
             return
-        delta = without(delta, PART)
+        delta = delta.drop(PART)
         table = self.table(suffix)
         previous = self.step.staged.get(table)
         self.step.staged[table] = delta if previous is None else previous.unionByName(delta)
@@ -153,19 +152,20 @@ class NodeContext:
         trace = self.step.store.scan(table)
         if trace is None:
             return self.keyed_empty(template)
-        wanted_keys = [F.col(VNODE).alias("_p_vnode"), *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)]]
+        wanted = probe.select(
+            F.col(PART).alias("_p_part"), F.col(VNODE).alias("_p_vnode"), *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)]
+        )
         if self.step.store.is_small(table):
             # Route the whole trace: both sides then sit on the workers owning their
             # vnodes, and the semi-join runs in place, within the step's job.
             trace = self.step.route(trace)
-            wanted = probe.select(F.col(PART).alias("_p_part"), *wanted_keys)
             condition = _matching(trace, wanted, keys, null_safe) & (trace[PART] == wanted["_p_part"])
             return consolidate(trace.join(wanted, condition, "left_semi"), routed=True)
         # The step's keys are the small side: broadcast them and filter the trace where it
         # is read, so only the matching rows (as many as the change touches) are shuffled
         # to their owners, never the whole trace.  Consolidating with the partition column
         # among the keys then keeps the rows where the exchange put them.
-        wanted = probe.select(*wanted_keys)
+        wanted = wanted.drop("_p_part")
         matched = trace.join(F.broadcast(wanted), _matching(trace, wanted, keys, null_safe), "left_semi")
         return consolidate(self.step.route(matched, scanned=True), routed=True)
 

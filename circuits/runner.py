@@ -17,7 +17,6 @@ from pyspark.sql import types as T
 from .circuit import Checked, Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError
-from .frames import with_columns
 from .sharding import VNODE, Layout
 from .spark import COMPILED, INTERPRETED, aggregate_each
 from .state import DEST, FILE, StateStore, pack
@@ -159,7 +158,7 @@ class StepRunner:
         parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
         # A state file holds one worker's vnodes, however many workers the step ran on.
         owner = self.layout.worker_of(F.col(VNODE))
-        parts.update({f"{STATE}{table}": with_columns(df, **{FILE: owner}) for table, df in ctx.staged.items()})
+        parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
         try:
             stored = self.store.materialize(parts)
         finally:

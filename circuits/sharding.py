@@ -17,7 +17,6 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from .errors import CircuitDefinitionError
-from .frames import with_columns
 
 VNODE = "_vnode"
 PART = "_part"
@@ -140,9 +139,9 @@ class Layout:
 
 
 def with_vnode(df: DataFrame, keys: Sequence[str], vnodes: int) -> DataFrame:
-    return with_columns(df, **{VNODE: vnode_of(keys, vnodes)})
+    return df.withColumn(VNODE, vnode_of(keys, vnodes))
 
 
 def exchange(df: DataFrame, layout: Layout) -> DataFrame:
     """Routes every row (which has a :data:`VNODE` column) to the worker that owns its vnode."""
-    return with_columns(df, **{PART: layout.part_of(F.col(VNODE))}).repartition(layout.workers, PART)
+    return df.withColumn(PART, layout.part_of(F.col(VNODE))).repartition(layout.workers, PART)

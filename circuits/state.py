@@ -17,7 +17,6 @@ from abc import ABC, abstractmethod
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from .frames import without
 from .zset import add, consolidate
 
 DEST = "_dest"
@@ -96,7 +95,7 @@ class InMemoryStateStore(StateStore):
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
         # The packed union has a partition per branch and worker; later scans would pay a
         # task for each, so merge them (without a shuffle) first.
-        parts = {name: without(df, FILE) for name, df in parts.items()}
+        parts = {name: df.drop(FILE) for name, df in parts.items()}
         stored = pack(parts).coalesce(self._partitions).localCheckpoint(eager=True)
         return unpack(stored, list(parts))
 

@@ -15,7 +15,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from .errors import SchemaMismatchError
-from .frames import with_columns
 from .sharding import PART, VNODE
 
 WEIGHT = "_weight"
@@ -36,7 +35,7 @@ def weight() -> Column:
 
 def negate(df: DataFrame) -> DataFrame:
     """``-Z``: every weight negated."""
-    return with_columns(df, **{WEIGHT: -weight()})
+    return df.withColumn(WEIGHT, -weight())
 
 
 def add(*zsets: DataFrame, allow_missing: bool = False) -> DataFrame:

@@ -25,7 +25,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from circuits.frames import with_columns, without
 from circuits.runner import LAYOUT_KEY, OUTPUT, STATE
 from circuits.sharding import PART, VNODE, Layout, exchange
 from circuits.state import FILE, StateStore
@@ -216,19 +215,19 @@ class DeltaStateStore(StateStore):
         for name, df in parts.items():
             if name.startswith(OUTPUT):
                 step = F.lit(self._step).cast("bigint")
-                targets[name] = (output_uri(self.root, name[len(OUTPUT):]), with_columns(df, **{STEP: step}))
+                targets[name] = (output_uri(self.root, name[len(OUTPUT):]), df.withColumn(STEP, step))
                 continue
             table = name[len(STATE):]
             files = paths(self._pinned(table)) if layout is not None and self.is_small(table) else []
             if len(files) > COMPACT_FILES:
                 self._rewrites[table] = files
-                whole = consolidate(self.scan(table).unionByName(without(df, FILE)))
-                df = with_columns(whole, **{FILE: layout.worker_of(F.col(VNODE))})
+                whole = consolidate(self.scan(table).unionByName(df.drop(FILE)))
+                df = whole.withColumn(FILE, layout.worker_of(F.col(VNODE)))
             targets[name] = (self._uri(table), df)
         written = write_tables(targets)
         self.written_outputs = {n[len(OUTPUT):]: w for n, w in written.items() if n.startswith(OUTPUT)}
         self._pending = {n[len(STATE):]: w for n, w in written.items() if n.startswith(STATE)}
-        return {name: without(read_files(self.spark, w.uri, from_arrow_schema(w.schema), w.paths), STEP) for name, w in written.items()}
+        return {name: read_files(self.spark, w.uri, from_arrow_schema(w.schema), w.paths).drop(STEP) for name, w in written.items()}
 
     def apply(self, deltas: dict[str, DataFrame]) -> None:
         for name in deltas:
@@ -342,7 +341,7 @@ def _by_owner(trace: DataFrame, layout: Layout | None) -> DataFrame:
     """``trace`` partitioned by owning worker, one file per unit of the layout, sorted by vnode."""
     if layout is None:
         return trace.sortWithinPartitions(VNODE)
-    return with_columns(without(exchange(trace, layout), PART), **{FILE: layout.unit_of(F.col(VNODE))}).sortWithinPartitions(FILE, VNODE)
+    return exchange(trace, layout).drop(PART).withColumn(FILE, layout.unit_of(F.col(VNODE))).sortWithinPartitions(FILE, VNODE)
 
 
 def _vnode_ranges(table) -> list[dict]:

@@ -13,7 +13,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..context import NodeContext
-from ..frames import not_null
 from ..errors import ExpressionError
 from ..sharding import ROUTED
 from ..zset import WEIGHT, add, data_columns, weight
@@ -61,7 +60,7 @@ class Join(Operator):
             )
         d_left = ctx.keyed(left, on)
         d_right = ctx.keyed(right, on)
-        touched = not_null(add(d_left.select(*ROUTED, *on), d_right.select(*ROUTED, *on)), on)
+        touched = add(d_left.select(*ROUTED, *on), d_right.select(*ROUTED, *on)).dropna(subset=on)
         old_left = ctx.lookup("left", touched, on, d_left, null_safe=False)
         old_right = ctx.lookup("right", touched, on, d_right, null_safe=False)
         if self.how == "left":  # read by the inner terms and by the unmatched rows
@@ -71,8 +70,8 @@ class Join(Operator):
 
         columns = [*on, *left_only, *right_only]
         result = add(
-            _inner(d_left, add(old_right, d_right), on, right_only, columns),
-            _inner(old_left, d_right, on, right_only, columns),
+            _inner(d_left, add(old_right, d_right), on, columns),
+            _inner(old_left, d_right, on, columns),
         )
         if self.how == "left":
             pads = [F.lit(None).cast(ctx.schema(1, right)[c].dataType).alias(c) for c in right_only]
@@ -106,7 +105,7 @@ def _matched_keys(right: DataFrame, on: list[str]) -> DataFrame:
     )
 
 
-def _inner(left: DataFrame, right: DataFrame, on: list[str], right_only: list[str], columns: list[str]) -> DataFrame:
-    right = right.select(*ROUTED, *on, *right_only, weight().alias(_RIGHT_WEIGHT))
+def _inner(left: DataFrame, right: DataFrame, on: list[str], columns: list[str]) -> DataFrame:
+    right = right.withColumnRenamed(WEIGHT, _RIGHT_WEIGHT)
     joined = left.join(right, [*ROUTED, *on], "inner")
     return joined.select(*columns, (weight() * F.col(_RIGHT_WEIGHT)).alias(WEIGHT))

@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..context import NodeContext
-from ..zset import add, conform, negate, weight
+from ..zset import WEIGHT, add, conform, weight
 from .base import Operator, expr_text
 
 
@@ -110,4 +110,4 @@ class Negate(Operator):
     keeps_consolidation = True
 
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
-        return negate(delta)
+        return delta.withColumn(WEIGHT, -weight())

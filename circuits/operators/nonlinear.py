@@ -139,8 +139,12 @@ class Aggregate(Operator):
             ),
         )
         result = add(self._result(after, 1), self._result(before, -1))
-        columns = [*self.keys, *[name for name, _ in self.aggs]]
-        return result.groupBy(PART, *columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(weight() != 0).select(*columns, WEIGHT)
+        return (
+            result.groupBy(PART, *self.keys, *[name for name, _ in self.aggs])
+            .agg(F.sum(WEIGHT).alias(WEIGHT))
+            .where(weight() != 0)
+            .drop(PART)
+        )
 
     def _state_template(self, partial: DataFrame, schema: T.StructType) -> DataFrame:
         """The shape of a group's state row, as a zero-row DataFrame (``schema``: the input's)."""

@@ -11,7 +11,6 @@ from abc import abstractmethod
 from pyspark.sql import DataFrame
 
 from ..context import NodeContext
-from ..frames import without
 from ..sharding import VNODE, with_vnode
 from ..zset import add, consolidate, data_columns, negate
 from .base import Operator
@@ -34,7 +33,7 @@ class Integrate(Operator):
         d = _keyed(ctx, delta)
         total = ctx.scan("integral", d)
         ctx.stage("integral", d)
-        return without(consolidate(add(total, d)), VNODE)
+        return consolidate(add(total, d)).drop(VNODE)
 
 
 class _Previous(Operator):
@@ -48,7 +47,7 @@ class _Previous(Operator):
         previous = ctx.scan("previous", d)
         change = add(d, negate(previous))
         ctx.stage("previous", change)
-        return without(self.output(d, previous, change), VNODE)
+        return self.output(d, previous, change).drop(VNODE)
 
     @abstractmethod
     def output(self, current: DataFrame, previous: DataFrame, change: DataFrame) -> DataFrame:
