@@ -1,0 +1,170 @@
+"""Launch to success of demo step runs in ``dagster dev``, as a user runs them, against a
+Spark-free run launched by the same ``dagster dev``.
+
+``dbsp dev`` serves the Nexmark demo from a temporary directory (its own Dagster home,
+embedded broker and embedded Spark Connect server on free ports).  For each size in
+``--events``, the bench produces that many events to the broker, the offset sensor cuts
+a step and launches its run, and the bench waits for it; ``--warmup`` steps of the
+first size come first, unrecorded (the server starts cold).  After each step it launches
+the pipeline's status job (no Spark) through the webserver's GraphQL API: the peer,
+Dagster's own cost of a run.  For every run, from the instance's run records: queue
+wait (created to started) and run (started to ended); launch to success is their sum.
+
+    python bench/dagster_launch.py --events 1000 5000 --steps 3 --warmup 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter  # noqa: E402
+from dagster._core.instance.ref import InstanceRef  # noqa: E402
+from dagster_graphql import DagsterGraphQLClient  # noqa: E402
+
+from circuits.daemon import free_port  # noqa: E402
+from circuits.library.nexmark import nexmark_records  # noqa: E402
+from circuits.spark import stop_connect_server  # noqa: E402
+from dagster_project.config import DEMO, parse_project  # noqa: E402
+from dagster_project.factory import produce_events  # noqa: E402
+from dagster_project.resources import KafkaResource  # noqa: E402
+from sensors.broker import stop_local_broker  # noqa: E402
+
+PIPELINE = "nexmark"
+TIMEOUT = 600.0
+
+
+def project(root: str, events: int, broker: int, spark: int) -> dict:
+    """The demo pipeline, cutting a step at ``events`` records or 3 s after the first
+    (longer than producing a step's events takes)."""
+    spec = {**DEMO["pipelines"][0], "max_records_per_step": events, "max_wait_seconds": 3, "sensor_interval_seconds": 1}
+    return {
+        "pipelines": [spec],
+        "resources": {
+            "kafka": {"embedded_port": broker},
+            "spark": {"embedded_port": spark},
+            "store": {"root": os.path.join(root, "pipelines")},
+        },
+    }
+
+
+class Served:
+    """``dbsp dev`` in ``root`` and what the bench needs of it."""
+
+    def __init__(self, root: str, events: int) -> None:
+        self.root, self.port = root, free_port()
+        self.broker, self.spark = free_port(), free_port()
+        settings = project(root, events, self.broker, self.spark)
+        config = os.path.join(root, "dbsp.yaml")
+        with open(config, "w") as f:
+            yaml.safe_dump(settings, f)
+        # The bench's own broker client finds the embedded broker's state by $DBSP_HOME too.
+        os.environ.update(DBSP_HOME=os.path.join(root, "home"), DBSP_CONFIG=config)
+        self.env = dict(os.environ)
+        self.kafka = KafkaResource(embedded_port=self.broker)
+        self.spec = parse_project(settings, config).pipelines[0]
+        self.log = open(os.path.join(root, "dev.log"), "w")
+        dbsp = os.path.join(os.path.dirname(sys.executable), "dbsp")
+        self.process = subprocess.Popen(
+            [dbsp, "dev", "-p", str(self.port)], cwd=root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._wait_for_webserver()
+        self.client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
+        self.instance = DagsterInstance.from_ref(InstanceRef.from_dir(os.path.join(self.env["DBSP_HOME"], "dagster")))
+
+    def _wait_for_webserver(self) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"dbsp dev exited with code {self.process.returncode}; see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"dagster dev did not serve within {TIMEOUT:g} s; see {self.log.name}")
+
+    def step(self, events: int) -> dict:
+        """Produces ``events`` events and returns the figures of the step run they cause."""
+        seen = self._runs(f"{PIPELINE}_step_job")
+        produce_events(self.kafka.source(self.spec), nexmark_records, events, seed=0)
+        return self._finished(f"{PIPELINE}_step_job", seen)
+
+    def status_run(self) -> dict:
+        seen = self._runs(f"{PIPELINE}_status")
+        self.client.submit_job_execution(f"{PIPELINE}_status")
+        return self._finished(f"{PIPELINE}_status", seen)
+
+    def _runs(self, job: str) -> set[str]:
+        return {r.dagster_run.run_id for r in self.instance.get_run_records(RunsFilter(job_name=job))}
+
+    def _finished(self, job: str, seen: set[str]) -> dict:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            new = [r for r in self.instance.get_run_records(RunsFilter(job_name=job)) if r.dagster_run.run_id not in seen]
+            if new and new[0].dagster_run.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+                raise RuntimeError(f"run {new[0].dagster_run.run_id} of {job} ended {new[0].dagster_run.status}")
+            if new and new[0].dagster_run.status == DagsterRunStatus.SUCCESS:
+                record = new[0]
+                queued = record.start_time - record.create_timestamp.timestamp()
+                return {"queue": queued, "run": record.end_time - record.start_time}
+            time.sleep(0.2)
+        raise RuntimeError(f"no run of {job} succeeded within {TIMEOUT:g} s; see {self.log.name}")
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        stop_connect_server(os.path.join(self.env["DBSP_HOME"], "spark"), self.spark)
+        stop_local_broker(self.broker, os.path.join(self.env["DBSP_HOME"], "broker"))
+        self.log.close()
+
+
+def line(name: str, samples: list[dict]) -> str:
+    queue, run = (statistics.median(s[k] for s in samples) for k in ("queue", "run"))
+    return f"{name:28s} queue {queue:5.2f} s + run {run:6.2f} s = launch to success {queue + run:6.2f} s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, nargs="+", default=[1000, 5000], help="events per step, one size after another")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps of each size (medians)")
+    parser.add_argument("--warmup", type=int, default=3, help="unrecorded steps of the first size first")
+    args = parser.parse_args()
+    root = tempfile.mkdtemp(prefix="dbsp-launch-")
+    served = Served(root, max(args.events))
+    lines = [f"dbsp dev, demo pipeline, medians of {args.steps} runs per kind after {args.warmup} warm-up steps"]
+    try:
+        for _ in range(args.warmup):
+            served.step(args.events[0])
+        statuses = []
+        for events in args.events:
+            steps = []
+            for _ in range(args.steps):
+                steps.append(served.step(events))
+                statuses.append(served.status_run())
+            lines.append(line(f"step run, {events} events", steps))
+        lines.append(line("status run (no Spark), peer", statuses))
+    finally:
+        served.stop()
+    print("\n".join(lines))
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
