@@ -1,0 +1,49 @@
+"""Errors of the source gateway, rooted in :class:`sensors.errors.SourceError`.
+
+Settings are named as in ``dbsp.yaml``: ``gateway.buffers``, ``gateway.buffer_size``,
+``gateway.io_threads``, and per source ``sources[i].<field>``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sensors.errors import SourceError
+
+if TYPE_CHECKING:
+    from .sources import Source
+
+
+class GatewayError(SourceError):
+    """The gateway or one of its parts was used against its rules."""
+
+
+class GatewayConfigError(GatewayError):
+    """A gateway setting cannot work; the message names the setting and the fix."""
+
+
+class SourceFailed(GatewayError):
+    """A source could not open or read; the executor reports it and retries with backoff.
+
+    ``source_id`` names the source, ``reason`` says what happened in words a user can act on.
+    """
+
+    def __init__(self, source_id: str, reason: str):
+        super().__init__(f"source {source_id!r}: {reason}")
+        self.source_id = source_id
+        self.reason = reason
+
+
+class SourceGone(SourceFailed):
+    """The source's data is gone for good (a tailed file was deleted): the executor reports
+    it, delivers what was read and ends the source without retrying."""
+
+
+class SourceReplaced(SourceFailed):
+    """The source must start over as a new one (a tailed file was truncated below its
+    cursor): the executor reports it, delivers what was read, ends the source and adds
+    ``successor`` (a new generation with its own id) in its place."""
+
+    def __init__(self, source_id: str, reason: str, successor: Source):
+        super().__init__(source_id, reason)
+        self.successor = successor
