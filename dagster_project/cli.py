@@ -7,8 +7,13 @@ so partitions, runs and sensor cursors survive a restart.
 
 import argparse
 import contextlib
+import json
+import logging
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 
 from dagster import DagsterInstance
@@ -19,6 +24,8 @@ from circuits.daemon import listening
 from circuits.errors import DbspError
 from circuits.spark import stop_connect_server
 from sensors.broker import stop_local_broker
+from sensors.gateway.control import call, running_url
+from sensors.gateway.gateway import Gateway
 from sensors.ingest import run_steps
 from sensors.status import report
 from storage.pipeline import status as position
@@ -242,6 +249,65 @@ def _daemons_note(project) -> str:
     return f"The embedded {' and '.join(running)} {verb} running for the next command; `dbsp stop` stops {them}."
 
 
+def gateway(args: argparse.Namespace) -> int:
+    """``dbsp gateway``: runs the source gateway until interrupted; ``status``: its figures."""
+    if args.action == "status":
+        return _gateway_status(args)
+    project = load_project(args.config)
+    if not project.sources:
+        raise DbspError("the configuration has no sources: add a sources: section to dbsp.yaml (see dbsp.example.yaml)")
+    kafka = build_resources(project)["kafka"]
+    bootstrap = kafka.bootstrap({g.topic: project.topic_partitions(g.topic) for g in project.sources})
+    path = log_path(home("logs"), "gateway")
+    logging.basicConfig(filename=path, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    running = Gateway(project.gateway, project.sources, bootstrap, kafka.client_config(), home("gateway"))
+    running.start()
+    print(f"dbsp gateway: {len(project.sources)} source group(s) into Kafka at {bootstrap}; control {running.control.url}")
+    for name, address in running.status()["listeners"].items():
+        print(f"  {name}: listening on {address}")
+    print(f"  full log: {path}; stop with Ctrl-C")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(args.report_every):
+        print(_gateway_line(running.status()), flush=True)
+    running.stop()
+    print(f"dbsp gateway: stopped; {_gateway_line(running.status())}")
+    return 0
+
+
+def _gateway_line(figures: dict) -> str:
+    sources = figures["sources"].values()
+    live = sum(1 for f in sources if f["status"] in ("starting", "running", "retrying"))
+    read = sum(f["bytes"] for f in sources)
+    acked = sum(f.get("bytes_sent", 0) for f in sources)
+    return (f"{time.strftime('%H:%M:%S')} sources {live} live / {len(figures['sources'])}; "
+            f"read {read:,} B, produced {acked:,} B; buffers in use {figures['pool']['in_use']}/{figures['pool']['buffers']}; "
+            f"waits for a buffer {sum(f.get('waits', 0) for f in sources)}; errors {sum(f['errors'] for f in sources)}")
+
+
+def _gateway_status(args: argparse.Namespace) -> int:
+    url = running_url(home("gateway"))
+    if url is None:
+        print(f"dbsp gateway status: no gateway runs for DBSP_HOME={home()}; start one with: dbsp gateway", file=sys.stderr)
+        return 1
+    figures = call(url, "/status", timeout=10)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    print(f"gateway pid {figures['pid']} at {url}, up {figures['uptime_seconds']} s, {figures['threads']} I/O thread(s)")
+    print(_gateway_line(figures))
+    table = Table("source", "status", "bytes", "acked", "buffers", "waits", "errors", "last error")
+    ranked = sorted(figures["sources"].items(), key=lambda item: (-item[1]["errors"], -item[1]["bytes"], item[0]))
+    for name, f in ranked[: args.limit]:
+        table.add_row(name, f["status"], f"{f['bytes']:,}", f"{f.get('acked', 0):,}", str(f["buffers"]),
+                      str(f.get("waits", 0)), str(f["errors"]), f.get("last_error") or "")
+    Console().print(table)
+    if len(ranked) > args.limit:
+        print(f"({len(ranked) - args.limit} more sources; --limit N or --json shows them)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dbsp", description="Incremental views with distributed DBSP on Spark, run by Dagster.")
     parser.add_argument("--config", help="pipeline configuration file (default: $DBSP_CONFIG, ./dbsp.yaml, the built-in demo)")
@@ -283,6 +349,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("demo", "status", "recover", "rescale", "show"):
         commands.choices[name].add_argument("--pipeline", help="pipeline name (default: the first configured)")
     commands.choices["recover"].add_argument("--break-lease", action="store_true", help="take the lease from a run that died")
+
+    g = commands.add_parser("gateway", help="run the source gateway (the configured sources into Kafka), or show its status")
+    g.add_argument("action", nargs="?", choices=["run", "status"], default="run")
+    g.add_argument("--report-every", type=float, default=10.0, help="seconds between progress lines (run)")
+    g.add_argument("--limit", type=int, default=30, help="sources to list (status)")
+    g.add_argument("--json", action="store_true", help="print the figures as JSON (status)")
+    g.set_defaults(run=gateway)
 
     # Every option after ``dev`` is dagster dev's (-p PORT, -h HOST, --help: its own help).
     v = commands.add_parser("dev", help="dagster dev with the project's Dagster home (options: dagster dev's)", add_help=False)

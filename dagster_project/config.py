@@ -27,6 +27,7 @@ from pyspark.sql.utils import is_remote
 
 from circuits.circuit import Circuit
 from circuits.errors import DbspError
+from sensors.gateway.config import GatewaySpec, SourceSpec
 
 CONFIG_ENV = "DBSP_CONFIG"
 HOME_ENV = "DBSP_HOME"
@@ -183,6 +184,10 @@ class ProjectSpec(BaseModel):
 
     pipelines: list[PipelineSpec] = Field(description="the pipelines this code location serves")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="settings of Spark, the store and Kafka")
+    sources: list[SourceSpec] = Field(
+        default_factory=list, description="what the source gateway (dbsp gateway) reads into the pipelines' topics"
+    )
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="the source gateway's buffers, threads and endpoint")
 
     @model_validator(mode="after")
     def _unique(self) -> "ProjectSpec":
@@ -190,6 +195,21 @@ class ProjectSpec(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"pipelines: names must be unique, got {names}")
         return self
+
+    @model_validator(mode="after")
+    def _sources_feed_pipelines(self) -> "ProjectSpec":
+        topics = {t for p in self.pipelines for t in p.sources.values()}
+        for i, group in enumerate(self.sources):
+            if group.topic not in topics:
+                raise ValueError(f"sources.{i}.topic: {group.topic!r} is no pipeline's input topic; use one of {sorted(topics)}")
+        names = [g.name for g in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sources: group names must be unique, got {names}")
+        return self
+
+    def topic_partitions(self, topic: str) -> int:
+        """The partitions the embedded broker gives ``topic`` (its pipeline's setting)."""
+        return next(p.topic_partitions for p in self.pipelines if topic in p.sources.values())
 
 
 DEMO = {

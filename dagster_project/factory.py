@@ -2,6 +2,7 @@
 multi-asset, the Kafka offset sensor, and its maintenance jobs."""
 
 import json
+import logging
 
 from dagster import (
     AssetCheckResult,
@@ -33,6 +34,8 @@ from dagster import (
 from circuits.sharding import Layout
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
+from sensors.gateway.errors import GatewayError
+from sensors.gateway.control import figures_of_steps, flush_running, record_figures
 from sensors.ingest import KafkaSource, run_steps
 from sensors.status import report
 from storage import inspect, views
@@ -40,7 +43,7 @@ from storage.errors import ViewError
 from storage.logs import DivisionLog, output_uri
 from storage.pipeline import Pipeline, status
 
-from .config import PipelineSpec, ProjectSpec, load_object
+from .config import PipelineSpec, ProjectSpec, home, load_object
 from .resources import KafkaResource, SparkResource, StoreResource, build_resources
 
 PIPELINE_TAG = "dbsp/pipeline"
@@ -186,7 +189,36 @@ def _step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dic
         metadata[f"rows_in/{handle}"] = MetadataValue.int(inspect.rows_of_steps(pipeline.inputs.uri(handle), first, last))
     for phase, seconds in pipeline.timings.items():
         metadata[f"seconds/{phase}"] = MetadataValue.float(round(seconds, 3))
-    return metadata
+    return metadata | _gateway_metadata(figures_of_steps(pipeline.root, first, last))
+
+
+def _flush_gateway() -> dict | None:
+    """The running gateway's figures after its flush; a gateway that does not answer must
+    not hold up the steps (its records wait for the next tick), so that is logged only."""
+    try:
+        return flush_running(home("gateway"))
+    except GatewayError as e:
+        logging.getLogger(__name__).warning("%s", e)
+        return None
+
+
+def _gateway_metadata(sources: dict | None, shown: int = 20) -> dict:
+    """What the source gateway read for these steps: totals, and the busiest sources."""
+    if not sources:
+        return {}
+    total = {k: sum(f[k] for f in sources.values()) for k in ("bytes", "waits", "errors")}
+    busiest = sorted(sources.items(), key=lambda item: (-item[1]["errors"], -item[1]["bytes"], item[0]))[:shown]
+    table = "\n".join(f"| {name} | {f['status']} | {f['bytes']} | {f['waits']} | {f['errors']} |" for name, f in busiest)
+    return {
+        "gateway/sources": MetadataValue.int(len(sources)),
+        "gateway/bytes": MetadataValue.int(total["bytes"]),
+        "gateway/buffer_waits": MetadataValue.int(total["waits"]),
+        "gateway/errors": MetadataValue.int(total["errors"]),
+        "gateway/by_source": MetadataValue.md(
+            f"{len(busiest)} of {len(sources)} sources (errors first, then bytes)\n\n"
+            "| source | status | bytes | waits for a buffer | errors |\n|---|---|---|---|---|\n" + table
+        ),
+    }
 
 
 def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, step_job):
@@ -211,9 +243,14 @@ def evaluate_sensor(spec, policy, partitions, instance, root: str, kafka: KafkaR
     once; so a tick that died after recording a division loses nothing."""
     try:
         source = kafka.source(spec)
+        # Demand-based flush (seed 004): the gateway hands over its partly filled buffers now,
+        # so the step about to be cut holds every record it has read.
+        figures = _flush_gateway()
         cut = cut_next(DivisionLog(root), source.client(), list(source.topics.values()), policy)
     except SourceError as e:
         return SkipReason(f"{spec.name}: nothing recorded: {e}")
+    if figures is not None and cut.step is not None:
+        record_figures(root, cut.step, figures)
     position = status(root)
     existing = set(instance.get_dynamic_partitions(partitions.name))
     new = [step_key(s) for s in range(position.divided_step) if step_key(s) not in existing]

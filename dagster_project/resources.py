@@ -90,11 +90,17 @@ class KafkaResource(ConfigurableResource):
     def source(self, spec: PipelineSpec) -> KafkaSource:
         """The pipeline's topics on this cluster; the embedded broker is started, and the
         topics created on it, when missing."""
-        if self.bootstrap_servers != EMBEDDED:
-            return KafkaSource(self.bootstrap_servers, spec.sources, self.client_config())
-        bootstrap = ensure_local_broker(self.embedded_port, home("broker"))
-        ensure_topics(bootstrap, {t: spec.topic_partitions for t in spec.sources.values()})
+        bootstrap = self.bootstrap({t: spec.topic_partitions for t in spec.sources.values()})
         return KafkaSource(bootstrap, spec.sources, self.client_config())
+
+    def bootstrap(self, topics: dict[str, int]) -> str:
+        """The bootstrap servers, after starting the embedded broker and creating ``topics``
+        (name: partitions) on it when missing; a configured cluster is used as it is."""
+        if self.bootstrap_servers != EMBEDDED:
+            return self.bootstrap_servers
+        bootstrap = ensure_local_broker(self.embedded_port, home("broker"))
+        ensure_topics(bootstrap, topics)
+        return bootstrap
 
 
 def build_resources(project: ProjectSpec) -> dict[str, ConfigurableResource]:

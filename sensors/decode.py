@@ -6,6 +6,14 @@ field's type, and optionally ``_weight``: a nonzero integer, 1 when absent (-1 d
 row). Other keys are ignored. A record that breaks these rules becomes a dead letter with
 the reason, instead of failing the step.
 
+A message the source gateway produced (:mod:`sensors.gateway`) is not one record but a
+source's raw bytes: newline-delimited records, whole (the gateway cuts its buffers after a
+newline), with the source id as key and the byte range in header :data:`RANGE_HEADER`.
+Its records are framed here, each validated as above; a dead letter's reason names the
+source and the record's bytes.  A piece of a record longer than the gateway's buffer
+(header :data:`PARTIAL_HEADER`) is a dead letter.  A message whose bytes a read task has
+read already (the gateway re-sent it after a crash) is dropped.
+
 A keyed log's topic (KLogs, declared with :data:`circuits.klogs.RECORD_SCHEMA`) is read
 as records: the message key and the value (each any JSON value), with the record's
 partition and offset.  Such a log is append-only: a value that is an object with a
@@ -39,6 +47,11 @@ CHUNK = 50_000
 
 MAX_BATCH = 10_000
 """Most records asked of the consumer at once."""
+
+RANGE_HEADER = "dbsp-bytes"
+"""The header of a gateway message: ``"<start>-<end>"``, its bytes' range in its source."""
+PARTIAL_HEADER = "dbsp-partial"
+"""The header of a gateway message holding a piece of a record longer than a buffer."""
 
 READER_CONFIG = {"fetch.wait.max.ms": 10}
 """A reader's consumer settings (the pipeline's client config overrides them).  It reads
@@ -141,21 +154,54 @@ def validate(value: bytes | None, fields: Fields) -> tuple[int | None, str | Non
     return weight, None
 
 
-def _record(topic: str, partition: int, message: Message, fields: Fields) -> dict:
-    value = message.value()
+def _row(topic: str, partition: int, offset: int, key: str | None, value: bytes | None, fields: Fields,
+         where: str = "") -> dict:
     weight, reason = validate(value, fields)
     # A dead letter keeps its value as text: bytes that are not UTF-8 show as \\xNN escapes.
     text = None if value is None else value.decode("utf-8", errors="backslashreplace")
+    if fields == KEYED and reason is None and validate(None if key is None else key.encode(), KEYED)[1] is not None:
+        weight, reason = None, f"undecodable key: not UTF-8 JSON ({key!r})"
+    return {"topic": topic, "partition": partition, "offset": offset, "key": key, "value": text, "weight": weight,
+            "reason": None if reason is None else where + reason}
+
+
+def gateway_range(message: Message) -> tuple[int, int, bool] | None:
+    """``(start, end, partial)`` of a gateway message, or None for a message that is one record."""
+    headers = dict(message.headers() or ())
+    if RANGE_HEADER not in headers:
+        return None
+    start, _, end = headers[RANGE_HEADER].decode().partition("-")
+    return int(start), int(end), PARTIAL_HEADER in headers
+
+
+def _records(topic: str, partition: int, message: Message, fields: Fields, seen: dict[tuple[str, str], int]) -> Iterator[dict]:
+    """The rows of one message: itself, or the records of a gateway message's bytes."""
     key = message.key()
     key = None if key is None else key.decode("utf-8", errors="backslashreplace")
-    if fields == KEYED and reason is None and validate(message.key(), KEYED)[1] is not None:
-        weight, reason = None, f"undecodable key: not UTF-8 JSON ({key!r})"
-    return {"topic": topic, "partition": partition, "offset": message.offset(), "key": key, "value": text,
-            "weight": weight, "reason": reason}
+    framed = gateway_range(message)
+    if framed is None:
+        yield _row(topic, partition, message.offset(), key, message.value(), fields)
+        return
+    start, end, partial = framed
+    if seen.get((topic, key), -1) >= end:
+        return  # re-sent after a gateway crash: these bytes were read already
+    seen[(topic, key)] = end
+    if partial:
+        yield {"topic": topic, "partition": partition, "offset": message.offset(), "key": key,
+               "value": message.value().decode("utf-8", errors="backslashreplace"), "weight": None,
+               "reason": f"source {key!r} bytes {start}-{end}: part of a record longer than the gateway's buffers; "
+                         "raise gateway.buffer_size above the longest record"}
+        return
+    position = start
+    for line in (message.value() or b"").split(b"\n"):
+        if line.strip():
+            where = f"source {key!r} bytes {position}-{position + len(line)}: "
+            yield _row(topic, partition, message.offset(), key, line, fields, where)
+        position += len(line) + 1
 
 
 def _read_range(consumer: Consumer, chunk: tuple[str, int, int, int], fields: Fields, timeout: float,
-                bootstrap_servers: str) -> Iterator[dict]:
+                bootstrap_servers: str, seen: dict[tuple[str, str], int]) -> Iterator[dict]:
     """The rows of offsets [start, end) of one partition; raises :class:`OffsetsLostError`
     (failing the Spark task, hence the step) if the broker delivers nothing new for
     ``timeout`` seconds."""
@@ -170,7 +216,7 @@ def _read_range(consumer: Consumer, chunk: tuple[str, int, int, int], fields: Fi
         # Ask for exactly what is missing: consume() waits out its timeout for a fuller batch.
         for message in consumer.consume(min(end - position, MAX_BATCH), timeout):
             if message.error() is None and position <= message.offset() < end:
-                yield _record(topic, partition, message, fields)
+                yield from _records(topic, partition, message, fields, seen)
                 position = message.offset() + 1
         # Transaction markers take offsets but are never delivered; the consumer's position skips them.
         position = max(position, consumer.position([TopicPartition(topic, partition)])[0].offset)
@@ -187,11 +233,12 @@ def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, F
                 chunks: list[tuple[str, int, int, int]], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` body, run on an executor: one batch of rows per chunk number it is given."""
     consumer = Consumer(consumer_config(bootstrap_servers, {**READER_CONFIG, **(config or {})}))
+    seen: dict[tuple[str, str], int] = {}
     try:
         for batch in batches:
             for i in batch.column("id").to_pylist():
                 chunk = chunks[i]
-                rows = list(_read_range(consumer, chunk, fields[chunk[0]], timeout, bootstrap_servers))
+                rows = list(_read_range(consumer, chunk, fields[chunk[0]], timeout, bootstrap_servers, seen))
                 yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
     finally:
         consumer.close()

@@ -1,0 +1,265 @@
+"""Delivery of the gateway's buffers to Kafka, and the cursors it may commit.
+
+A buffer is produced to its source group's topic with the source id as key (so a
+source's bytes stay in one partition, in order) and its byte range in header
+:data:`~sensors.decode.RANGE_HEADER`.  A message holds whole records: the bytes after a
+buffer's last newline wait for the rest of their record and go out at the head of the
+source's next message.  This is the only look the gateway takes at the bytes, so that a
+record never spans two messages (and hence two steps); splitting a message into records
+and decoding them happen in the step's Spark job.  A record longer than a buffer goes out
+in pieces marked with :data:`~sensors.decode.PARTIAL_HEADER`, which the step turns into
+dead letters.
+
+A buffer goes back to the pool when the broker acknowledged its message, so an
+unacknowledged backlog holds buffers and stops sources from reading (backpressure).  A
+source's cursor is the end of the longest acknowledged prefix of its bytes; only that is
+committed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+
+from storage.cursors import Cursors
+
+from ..errors import BrokerUnavailableError
+from ..decode import PARTIAL_HEADER, RANGE_HEADER, gateway_range
+from ..kafka import client_config, consumer_config
+from .pool import Buffer
+
+
+@dataclass
+class _Source:
+    """What delivery knows of one source."""
+
+    topic: str
+    acked: int
+    """The end of the longest acknowledged prefix of the source's bytes (its cursor)."""
+    rereadable: bool
+    tail: bytes = b""
+    """Bytes after the last newline sent: the start of a record still being read."""
+    long_record: bool = False
+    """Whether the bytes being read continue a record longer than a buffer."""
+    pending: dict[int, int] = field(default_factory=dict)
+    """Acknowledged ranges beyond ``acked`` (start: end): acknowledgements can come out of order."""
+    partition_offsets: dict[int, tuple[tuple[str, int], int]] = field(default_factory=dict)
+    """Where each acknowledged range beyond ``acked`` went (start: (topic partition, offset))."""
+    sent: int = 0
+    """The end of the bytes produced so far (where the tail starts)."""
+    bytes_sent: int = 0
+    messages: int = 0
+    failures: int = 0
+    last_failure: str | None = None
+
+
+class Delivery:
+    """Produces the buffers of every source and tracks their acknowledgements.
+
+    ``deliver`` is called on the I/O threads and never blocks; acknowledgements are served
+    by a thread of this object, which returns each acknowledged message's buffer with
+    ``release`` and calls ``on_failure(source, position)`` when the broker refused a
+    message (a re-readable source then reads again from ``position``).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        config: dict | None,
+        release: Callable[[Buffer], None],
+        on_failure: Callable[[str, int], None],
+    ) -> None:
+        self._producer = Producer(client_config(bootstrap_servers, {"linger.ms": 0, **(config or {})}))
+        self._release = release
+        self._on_failure = on_failure
+        self._sources: dict[str, _Source] = {}
+        self._lock = threading.Lock()
+        # Per partition: the highest offset acknowledged, the read-back start when nothing is pending.
+        self._high: dict[tuple[str, int], int] = {}
+        self._running = True
+        self._idle_listeners: list[Callable[[], None]] = []
+        self._poller = threading.Thread(target=self._poll, name="gateway-acks", daemon=True)
+        self._poller.start()
+
+    def add(self, source: str, topic: str, position: int, rereadable: bool) -> None:
+        """Starts tracking ``source``, whose next byte is at ``position``."""
+        with self._lock:
+            self._sources[source] = _Source(topic, position, rereadable, sent=position)
+
+    def remove(self, source: str) -> None:
+        with self._lock:
+            self._sources.pop(source, None)
+
+    def rewind(self, source: str, position: int) -> None:
+        """The source reads again from ``position``: what was kept of its bytes is dropped."""
+        with self._lock:
+            state = self._sources[source]
+            state.tail, state.long_record, state.sent = b"", False, position
+
+    def on_idle(self, listener: Callable[[], None]) -> None:
+        """Calls ``listener`` whenever the producer's queue has just emptied."""
+        self._idle_listeners.append(listener)
+
+    @property
+    def idle(self) -> bool:
+        """Whether no message waits for the broker's acknowledgement."""
+        return len(self._producer) == 0
+
+    def deliver(self, source: str, buffer: Buffer, start: int, end: int) -> None:
+        """Produces the whole records of ``buffer`` (``source``'s bytes ``start..end``)."""
+        state = self._sources[source]
+        data = state.tail + bytes(buffer.filled())
+        first = start - len(state.tail)
+        messages = list(self._cut(state, data, first, len(buffer.data)))
+        if not messages:
+            self._release(buffer)
+            return
+        for i, (value, begin, partial) in enumerate(messages):
+            # The buffer goes back with the acknowledgement of the last message cut from it.
+            held = buffer if i == len(messages) - 1 else None
+            self._produce(source, state, value, begin, partial, held)
+
+    def end(self, source: str) -> None:
+        """The source ended: its unterminated last record goes out as it is."""
+        state = self._sources.get(source)
+        if state is not None and state.tail:
+            tail, state.tail = state.tail, b""
+            self._produce(source, state, tail, state.sent, state.long_record, None)
+
+    def _cut(self, state: _Source, data: bytes, first: int, size: int) -> Iterable[tuple[bytes, int, bool]]:
+        """The messages of ``data`` (bytes from ``first``): ``(value, start, partial)``."""
+        if state.long_record:
+            newline = data.find(b"\n")
+            piece = data if newline < 0 else data[: newline + 1]
+            state.long_record = newline < 0
+            yield piece, first, True
+            data, first = data[len(piece):], first + len(piece)
+        newline = data.rfind(b"\n")
+        if newline >= 0:
+            yield data[: newline + 1], first, False
+            data, first = data[newline + 1:], first + newline + 1
+        if len(data) >= size:
+            state.long_record = True
+            yield data, first, True
+            data = b""
+        state.tail = data
+
+    def _produce(self, source: str, state: _Source, value: bytes, start: int, partial: bool, buffer: Buffer | None) -> None:
+        end = start + len(value)
+        headers = [(RANGE_HEADER, f"{start}-{end}".encode())] + ([(PARTIAL_HEADER, b"1")] if partial else [])
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            self._delivered(source, start, end, error, message, buffer)
+
+        state.sent = end
+        state.bytes_sent += len(value)
+        state.messages += 1
+        while True:
+            try:
+                self._producer.produce(state.topic, value=value, key=source.encode(), headers=headers, on_delivery=delivered)
+                return
+            except BufferError:
+                # librdkafka's queue is full: serve acknowledgements to make room (rare: the
+                # pool's buffers bound what is in flight).
+                self._producer.poll(0.01)
+
+    def _delivered(self, source: str, start: int, end: int, error: KafkaError | None, message: Message,
+                   buffer: Buffer | None) -> None:
+        with self._lock:
+            state = self._sources.get(source)
+            if state is not None and error is None:
+                self._acknowledged(state, start, end, (message.topic(), message.partition()), message.offset())
+            elif state is not None:
+                state.failures += 1
+                state.last_failure = error.str()
+        if buffer is not None:
+            self._release(buffer)
+        if error is not None and state is not None:
+            self._on_failure(source, state.acked)
+
+    def _acknowledged(self, state: _Source, start: int, end: int, partition: tuple[str, int], offset: int) -> None:
+        self._high[partition] = max(self._high.get(partition, -1), offset)
+        state.pending[start] = end
+        state.partition_offsets[start] = (partition, offset)
+        while state.acked in state.pending:
+            state.partition_offsets.pop(state.acked)
+            state.acked = state.pending.pop(state.acked)
+
+    def _poll(self) -> None:
+        busy = False
+        while self._running:
+            self._producer.poll(0.05)
+            if busy and self.idle:
+                for listener in self._idle_listeners:
+                    listener()
+            busy = not self.idle
+
+    def wait(self, timeout: float) -> int:
+        """Waits until every message produced so far is acknowledged; returns how many are not."""
+        return self._producer.flush(timeout)
+
+    def cursors(self) -> Cursors:
+        """What may be committed now: each re-readable source's acknowledged prefix, and per
+        partition the offset from which every message beyond those prefixes lies."""
+        with self._lock:
+            positions = {(s.topic, name): s.acked for name, s in self._sources.items() if s.rereadable}
+            read_back = {p: o + 1 for p, o in self._high.items()}
+            for s in self._sources.values():
+                # Out-of-order acknowledgements: the read-back starts at the earliest beyond a cursor.
+                for p, offset in s.partition_offsets.values():
+                    read_back[p] = min(read_back[p], offset)
+        return Cursors(positions, read_back)
+
+    def stats(self) -> dict[str, dict]:
+        """Per source: topic, bytes produced and acknowledged, messages, failures."""
+        with self._lock:
+            return {
+                name: {"topic": s.topic, "bytes_sent": s.bytes_sent, "acked": s.acked, "messages": s.messages,
+                       "delivery_failures": s.failures, "last_delivery_failure": s.last_failure}
+                for name, s in self._sources.items()
+            }
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.wait(timeout)
+        self._running = False
+        self._poller.join()
+
+
+def acknowledged_since(bootstrap_servers: str, config: dict | None, read_back: dict[tuple[str, int], int],
+                       timeout: float = 10.0) -> dict[tuple[str, str], dict[int, int]]:
+    """The byte ranges ``{start: end}`` of each ``(topic, source)`` found on the broker from
+    the ``read_back`` offsets on: what a gateway had delivered after its last cursor commit."""
+    found: dict[tuple[str, str], dict[int, int]] = {}
+    consumer = Consumer(consumer_config(bootstrap_servers, {"group.id": "dbsp-gateway", **(config or {})}))
+    try:
+        for (topic, partition), start in read_back.items():
+            for message in _messages(consumer, topic, partition, start, timeout):
+                framed = gateway_range(message)
+                if framed is not None:
+                    found.setdefault((topic, message.key().decode()), {})[framed[0]] = framed[1]
+    finally:
+        consumer.close()
+    return found
+
+
+def _messages(consumer: Consumer, topic: str, partition: int, start: int, timeout: float) -> Iterable[Message]:
+    """The messages of a partition from ``start`` to its current end."""
+    _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout)
+    if start >= high:
+        return
+    consumer.assign([TopicPartition(topic, partition, start)])
+    position = start
+    while position < high:
+        messages = consumer.consume(min(high - position, 10_000), timeout)
+        if not messages:
+            raise BrokerUnavailableError(
+                f"reading back topic {topic!r} partition {partition} from offset {position} for the gateway's restart: "
+                f"nothing delivered within {timeout:g} s; check the broker"
+            )
+        for message in messages:
+            if message.error() is None:
+                position = message.offset() + 1
+                yield message

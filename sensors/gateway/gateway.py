@@ -1,0 +1,169 @@
+"""The source gateway: the configured sources, their buffer pool and executor, delivery to
+Kafka, the cursors, and the control endpoint, assembled and run (``dbsp gateway``).
+
+Start-up resumes every re-readable source where its bytes stopped reaching the broker:
+from its committed cursor, advanced over the messages the broker holds since that commit
+(read back from the offsets committed with it), following the source's byte ranges while
+they are contiguous.  So a restart after a crash re-sends nothing the broker has; what a
+crash loses is only what the broker had not acknowledged, and a file source reads that
+again.  A TCP stream cannot be read again: its bytes not yet acknowledged when the
+gateway dies are lost (the device's connection breaks; it reconnects to the new gateway).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from storage.cursors import CursorStore, Cursors
+
+from .config import FilesSpec, GatewaySpec, GeneratorSpec, HttpSpec, SourceSpec, TcpSpec
+from .control import ControlServer
+from .delivery import Delivery, acknowledged_since
+from .errors import GatewayError
+from .executor import FAILED, FINISHED, GONE, REPLACED, AsyncSourceExecutor
+from .pool import BufferPool
+from .sources import DirectoryWatcher, GeneratorSource, HttpPollSource, Source, TcpListener
+
+log = logging.getLogger(__name__)
+
+ENDED = (FINISHED, FAILED, GONE, REPLACED)
+
+
+def resume_positions(committed: Cursors, acknowledged: dict[tuple[str, str], dict[int, int]]) -> dict[tuple[str, str], int]:
+    """Where each source resumes: its committed position (0 when none), advanced over the
+    acknowledged ranges ``{start: end}`` found since while they continue it without a gap."""
+    resume = dict(committed.positions)
+    for key, ranges in acknowledged.items():
+        position = resume.get(key, 0)
+        while ranges.get(position, position) > position:
+            position = ranges[position]
+        resume[key] = position
+    return resume
+
+
+class Gateway:
+    """One gateway process's sources, from ``groups``, landing in Kafka at ``bootstrap_servers``."""
+
+    def __init__(self, spec: GatewaySpec, groups: list[SourceSpec], bootstrap_servers: str, kafka_config: dict | None,
+                 home: str, timeout: float = 30.0) -> None:
+        self.spec, self.groups, self.home, self.timeout = spec, groups, home, timeout
+        self._kafka = (bootstrap_servers, kafka_config)
+        self.cursors = CursorStore(spec.cursors or os.path.join(home, "cursors"))
+        self.pool = BufferPool(spec.buffers, spec.buffer_size)
+        self.delivery = Delivery(bootstrap_servers, kafka_config, self.pool.release, self._delivery_failed)
+        self.executor = AsyncSourceExecutor(self.pool, self.delivery.deliver, spec.io_threads,
+                                            on_add=self._added, on_status=self._status)
+        self._topic_of: dict[str, str] = {}  # source id or file path: its group's topic
+        self._rereadable: dict[str, bool] = {}
+        self._resume: dict[tuple[str, str], int] = {}
+        self._failed: list[str] = []
+        self._lock = threading.Lock()
+        self.listeners: dict[str, TcpListener] = {}
+        self.started_at = time.time()
+        self.control = ControlServer(spec.control_host, spec.control_port, self.flush, self.status)
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        committed = self.cursors.load()
+        self._resume = resume_positions(committed, acknowledged_since(*self._kafka, committed.read_back, self.timeout))
+        self.executor.start()
+        for group in self.groups:
+            self._start_group(group)
+        # Demand-based flush (seed 004): whenever the broker has acknowledged everything, the
+        # partly filled buffers go out, so a quiet gateway delivers at once.
+        self.delivery.on_idle(self.executor.flush)
+        self.control.start(self.home)
+
+    def stop(self) -> None:
+        """Stops reading, delivers what was read, commits the cursors."""
+        self.executor.stop(self.timeout)
+        self.delivery.close(self.timeout)
+        self.cursors.commit(self.delivery.cursors())
+        self.control.stop(self.home)
+
+    def flush(self) -> dict:
+        """Hands over every partly filled buffer, waits for the broker's acknowledgements,
+        commits the cursors; returns the figures (see :meth:`status`)."""
+        began = time.perf_counter()
+        self.executor.flush().result(self.timeout)
+        left = self.delivery.wait(self.timeout)
+        if left:
+            raise GatewayError(f"{left} messages were not acknowledged within {self.timeout:g} s: check the broker")
+        version = self.cursors.commit(self.delivery.cursors())
+        return self.status() | {"flush_seconds": round(time.perf_counter() - began, 4), "cursor_version": version}
+
+    def status(self) -> dict:
+        """Per source: status, thread, bytes read and acknowledged, buffers, waits for a
+        buffer, errors; the pool's figures; the listeners' addresses."""
+        stats = self.executor.stats()
+        delivered = self.delivery.stats()
+        sources = {name: figures | delivered.get(name, {}) for name, figures in stats["sources"].items()}
+        return {
+            "pid": os.getpid(),
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+            "threads": stats["threads"],
+            "pool": stats["pool"],
+            "listeners": {name: "%s:%d" % listener.address for name, listener in self.listeners.items()},
+            "delivery_failures": list(self._failed),
+            "sources": sources,
+        }
+
+    # -- sources ------------------------------------------------------------------------------
+
+    def _start_group(self, group: SourceSpec) -> None:
+        if isinstance(group, FilesSpec):
+            watcher = DirectoryWatcher(group.directory, self._adder(group.topic), pattern=group.pattern,
+                                       poll_interval=group.poll_interval)
+            self.executor.submit(watcher.run())
+        elif isinstance(group, TcpSpec):
+            listener = TcpListener(group.host, group.port, self._adder(group.topic), prefix=group.name)
+            self.listeners[group.name] = listener
+            self.executor.submit(listener.run())
+        elif isinstance(group, HttpSpec):
+            self._adder(group.topic)(HttpPollSource(group.url, group.interval, source_id=group.name))
+        elif isinstance(group, GeneratorSpec):
+            add = self._adder(group.topic)
+            for i in range(group.count):
+                add(GeneratorSource(f"{group.name}-{i}", lines=group.lines, rate=group.rate))
+
+    def _adder(self, topic: str) -> Callable[[Source], None]:
+        def add(source: Source) -> None:
+            with self._lock:
+                self._topic_of[source.id] = topic
+                if hasattr(source, "path"):
+                    self._topic_of[source.path] = topic  # for its later generations
+            self.executor.add(source)
+
+        return add
+
+    def _added(self, source: Source) -> None:
+        """Before a source reads: it resumes at its cursor, and delivery tracks it."""
+        with self._lock:
+            topic = self._topic_of.get(source.id) or self._topic_of[getattr(source, "path")]
+        position = 0
+        if source.rereadable:
+            position = self._resume.get((topic, source.id), 0)
+            source.seek(position)
+        self.delivery.add(source.id, topic, position, source.rereadable)
+
+    def _status(self, source_id: str, status: str, error: str | None) -> None:
+        # A source that ended for good sends its unterminated last record as it is; one
+        # stopped with the gateway keeps it, to read it again whole after the restart.
+        if status in ENDED:
+            self.delivery.end(source_id)
+
+    def _delivery_failed(self, source_id: str, position: int) -> None:
+        """The broker refused a message: a re-readable source reads again from its cursor;
+        the bytes of one that cannot are lost, and reported."""
+        try:
+            self.delivery.rewind(source_id, position)
+            self.executor.rewind(source_id, position)
+        except GatewayError as e:
+            log.error("source %s: the broker refused its bytes after %d and the source cannot read them again (%s)",
+                      source_id, position, e)
+            self._failed.append(source_id)
