@@ -203,12 +203,13 @@ class BufferPool:
                 "free": free,
                 "reserved": min(self._idle, free),
                 "waiting": sum(1 for a in self._accounts.values() if a.request is not None),
-                "sources": {
-                    a.source_id: {"held": a.held, "acquired": a.acquired, "waits": a.waits,
-                                  "wait_seconds": a.wait_seconds}
-                    for a in self._accounts.values()
-                },
+                "sources": {a.source_id: _figures(a) for a in self._accounts.values()},
             }
+
+    def source_stats(self, source_id: str) -> dict:
+        """One registered source's figures, as in :meth:`stats`."""
+        with self._lock:
+            return _figures(self._account(source_id))
 
     # -- under the lock --------------------------------------------------------------------
 
@@ -294,6 +295,11 @@ class BufferPool:
             self._return(request.buffer)
             granted = self._dispatch()
         self._resolve(granted)
+
+
+def _figures(account: _Account) -> dict:
+    return {"held": account.held, "acquired": account.acquired, "waits": account.waits,
+            "wait_seconds": account.wait_seconds}
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
