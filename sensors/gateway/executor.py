@@ -175,8 +175,9 @@ class AsyncSourceExecutor:
         """Asks every source (or one) to deliver its partly filled buffer now.  The future
         completes once each source that had a partly filled buffer when the request reached
         its loop has delivered it."""
+        runners = [self._runner(source_id)] if source_id is not None else None
         with self._lock:
-            runners = [self._runner(source_id)] if source_id is not None else list(self._runners.values())
+            runners = runners or list(self._runners.values())
             running = self._started and not self._stopped
         if not running:
             return _completed()

@@ -170,6 +170,7 @@ class ThreadedSource(Source):
             _discard(self._inflight)
         self._requests = self._thread = self._inflight = None
         self._ready = memoryview(b"")
+        self._scratch = bytearray()  # a fill that outlives close may still write into the old one
 
     def _submit(self, function: Callable[[], object]) -> asyncio.Future:
         """Runs ``function`` on the source's thread; its result arrives on this loop."""
@@ -402,6 +403,8 @@ class DirectoryWatcher:
         """Per path: (device, inode) and size at the last scan."""
         self._generations: dict[str, int] = {}
         """Per path: its latest generation (kept after the file is gone, so ids are never reused)."""
+        self._refused: set[str] = set()
+        """Paths whose source was refused (logged once), offered again at every scan."""
 
     async def run(self) -> None:
         """Scans until cancelled."""
@@ -419,7 +422,8 @@ class DirectoryWatcher:
             before = self._seen.get(path)
             self._seen[path] = (inode, size)
             if before is None or before[0] != inode:
-                self._on_source(self._new_source(path))
+                if not self._offer(path):
+                    del self._seen[path]  # offered again at the next scan, under the same id
             elif before[1] != size:
                 self._wake(path)
 
@@ -445,9 +449,26 @@ class DirectoryWatcher:
                 found[entry.path] = ((stat.st_dev, stat.st_ino), stat.st_size)
         return found
 
-    def _new_source(self, path: str) -> FileSource:
+    def _offer(self, path: str) -> bool:
+        """Hands a new file's source to ``on_source``; False if it was refused (a full pool)."""
         with self._lock:
-            return self._next_generation(path)
+            previous = self._current.get(path)
+            source = self._next_generation(path)
+        try:
+            self._on_source(source)
+        except GatewayError as error:
+            if path not in self._refused:
+                log.warning("file %s waits for room in the gateway: %s", path, error)
+            self._refused.add(path)
+            with self._lock:
+                self._generations[path] -= 1
+                if previous is None:
+                    del self._current[path]
+                else:
+                    self._current[path] = previous
+            return False
+        self._refused.discard(path)
+        return True
 
     def _next_generation(self, path: str) -> FileSource:
         generation = self._generations.get(path, 0) + 1

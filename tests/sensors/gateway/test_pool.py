@@ -204,10 +204,10 @@ def test_a_source_100x_faster_never_makes_a_slow_one_wait_more_than_a_round():
             spare = [s for s, held in pool.grants[asked:granted] if held > 0]
             assert len(spare) == len(set(spare)), f"{source} waited while {spare} were served twice"
             waited += granted > asked
-        fast = sum(1 for s, _ in pool.grants if s == "fast")
         assert waited > 100, "the pool was never short: the test tests nothing"
-        assert fast > 5 * len(pool.grants) / 100, "the fast source did not get the spare buffers"
-        assert all(sum(1 for w in windows if w[0] == s) >= 20 for s in slow)
+        served = {s: sum(1 for w in windows if w[0] == s) for s in ["fast", *slow]}
+        assert min(served[s] for s in slow) >= 10
+        assert served["fast"] >= max(served[s] for s in slow), "the fast one is starved instead"
 
     asyncio.run(main())
 

@@ -97,6 +97,7 @@ def test_a_cancelled_tcp_fill_loses_nothing():
         writer.write(b" second")
         writer.close()
         assert await drain(source) == b"first second" and bytes(buffer) == bytes(16)
+        source.close()
         serving.cancel()
 
     asyncio.run(main())
@@ -109,8 +110,9 @@ def test_a_connection_refused_by_a_full_pool_is_closed():
 
         listener = TcpListener("127.0.0.1", 0, full)
         serving = asyncio.create_task(listener.run())
-        reader, _ = await asyncio.open_connection(*listener.address)
+        reader, writer = await asyncio.open_connection(*listener.address)
         assert await asyncio.wait_for(reader.read(), 2) == b""  # closed by the gateway
+        writer.close()
         assert listener.refused == 1 and listener.accepted == 0
         serving.cancel()
 
@@ -428,3 +430,18 @@ def test_a_cancelled_threaded_fill_keeps_its_bytes():
         source.close()
 
     asyncio.run(main())
+
+
+def test_a_file_refused_by_a_full_pool_is_offered_again_under_the_same_id(tmp_path):
+    offered: list[str] = []
+
+    def full_then_room(source):
+        offered.append(source.id)
+        if len(offered) < 3:
+            raise GatewayConfigError("gateway.buffers is 2, too few")
+
+    watcher = DirectoryWatcher(str(tmp_path), full_then_room)
+    (tmp_path / "f").write_bytes(b"x")
+    for _ in range(4):
+        watcher.scan()
+    assert offered == [str(tmp_path / "f")] * 3  # accepted at the third scan, then known
