@@ -12,7 +12,10 @@ The contract of :class:`Source` (what the executor relies on):
   there is nothing to read.
 * ``fill`` is cancellation-safe: when cancelled (a flush, or the executor stopping) it has
   written nothing into the buffer it was given and lost nothing; the bytes it was about to
-  read are read by the next ``fill``.
+  read are read by the next ``fill``.  The rule that gives it: take bytes from where they
+  come from only after the last ``await`` (a task is cancelled at an ``await`` even when
+  what it awaited has just completed), or keep what was taken in the source's own state
+  for the next ``fill``.
 * ``rereadable`` sources can read their bytes again: ``position`` is the offset of the next
   byte they will read, and ``seek(position)`` before ``open()`` starts them there.
 
@@ -214,11 +217,13 @@ def _settle(future: asyncio.Future, outcome: object, failed: bool) -> None:
 class TcpSource(Source):
     """One accepted TCP connection: its bytes, in order, until the peer closes it.
 
-    ``fill`` receives straight into the buffer (``loop.sock_recv_into``): no copy and no
-    buffering in user space, so while no buffer is available nothing is read, the socket's
-    receive buffer fills and TCP flow control stops the device.  A cancelled receive reads
-    nothing (asyncio receives only when the future is still pending).  A TCP stream cannot
-    be read again, nor reopened: a fault ends the source and the device reconnects.
+    ``fill`` receives straight into the buffer (``recv_into``): no copy and no buffering in
+    user space, so while no buffer is available nothing is read, the socket's receive
+    buffer fills and TCP flow control stops the device.  It awaits readability, then
+    receives without awaiting again, so a cancelled fill has received nothing (asyncio's
+    ``sock_recv_into`` receives in the readiness callback: a fill cancelled after that
+    would lose the bytes).  A TCP stream cannot be read again, nor reopened: a fault ends
+    the source and the device reconnects.
     """
 
     restartable = False
@@ -229,10 +234,29 @@ class TcpSource(Source):
         sock.setblocking(False)
 
     async def fill(self, buffer: memoryview) -> int:
-        return await asyncio.get_running_loop().sock_recv_into(self._sock, buffer)
+        while True:
+            try:
+                return self._sock.recv_into(buffer)
+            except (BlockingIOError, InterruptedError):
+                await self._readable()
 
     def close(self) -> None:
         self._sock.close()
+
+    async def _readable(self) -> None:
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        fd = self._sock.fileno()
+        loop.add_reader(fd, _resolve_once, ready)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
+
+
+def _resolve_once(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class TcpListener:
@@ -496,7 +520,8 @@ class HttpPollSource(Source):
 
     Cancellation safety: the request and the response head are read by a task of their own
     that a cancelled ``fill`` leaves running; the body is read with ``StreamReader.read``,
-    which loses nothing when cancelled.
+    which takes bytes from the stream only after its last await.  A server silent for
+    ``timeout`` seconds (connecting, answering, or in the body) fails the poll.
     """
 
     def __init__(self, url: str, interval: float, *, source_id: str | None = None, timeout: float = 30.0):
@@ -516,6 +541,7 @@ class HttpPollSource(Source):
         self._writer: asyncio.StreamWriter | None = None
         self._remaining: int | None = None
         """Body bytes still to read; None: read to the close."""
+        self._stalled = False
 
     async def fill(self, buffer: memoryview) -> int:
         while True:
@@ -555,10 +581,21 @@ class HttpPollSource(Source):
         self._head = None
 
     async def _read(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the body.  Read in this task, not a task of ``wait_for``: a
+        result taken by another task is lost when this one is cancelled; a stalled server
+        is cut off by a timer instead."""
+        timer = asyncio.get_running_loop().call_later(self.timeout, self._cut_off)
         try:
-            return await asyncio.wait_for(self._reader.read(n), self.timeout)
-        except asyncio.TimeoutError:
-            raise SourceFailed(self.id, f"GET {self.url}: no bytes of the body for {self.timeout} s") from None
+            data = await self._reader.read(n)
+        finally:
+            timer.cancel()
+        if self._stalled:
+            raise SourceFailed(self.id, f"GET {self.url}: no bytes of the body for {self.timeout} s")
+        return data
+
+    def _cut_off(self) -> None:
+        self._stalled = True
+        self._writer.transport.abort()
 
     async def _request(self) -> None:
         """Waits for the poll's time, sends the request and reads the response head."""
@@ -614,6 +651,7 @@ class HttpPollSource(Source):
             self._writer.close()
         self._reader = self._writer = None
         self._remaining = None
+        self._stalled = False
 
 
 # -- generators ------------------------------------------------------------------------------

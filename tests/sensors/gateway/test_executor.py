@@ -312,3 +312,34 @@ def test_rewind_reads_again_and_remove_stops_a_source():
     assert collector.data["m"] == data
     with pytest.raises(GatewayError, match="no source 'm'"):
         executor.flush("m")
+
+
+def test_flushes_racing_a_tcp_stream_lose_nothing():
+    """Flushes in a tight loop while a client streams: a fill cancelled just as its bytes
+    arrived must leave them to the next fill."""
+    executor, collector = executor_of(4, 4096)
+    executor.start()
+    listener = TcpListener("127.0.0.1", 0, executor.add)
+    executor.submit(listener.run())
+    sent = bytes(range(256)) * 8 * 1000  # 2 MB
+    client = socket.create_connection(listener.address)
+
+    def stream():
+        for i in range(0, len(sent), 1000):
+            client.sendall(sent[i : i + 1000])
+        client.close()
+
+    writer = threading.Thread(target=stream)
+    writer.start()
+    try:
+        flushes = 0
+        while writer.is_alive() or flushes < 100:
+            executor.flush().result(2)
+            flushes += 1
+        collector.ended(1)
+    finally:
+        writer.join()
+        executor.stop()
+    [data] = collector.data.values()
+    assert len(data) == len(sent) and data == sent
+    assert len(collector.deliveries) > 100  # flushes cut buffers short many times

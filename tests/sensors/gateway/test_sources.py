@@ -300,7 +300,8 @@ def test_a_deleted_file_is_read_to_its_end_then_reported(tmp_path):
 
 class TinyHttp:
     """A test HTTP server: ``/ok`` answers ``body`` with a Content-Length, ``/close`` answers
-    it to the close, ``/fail`` answers 500; counts the requests."""
+    it to the close, ``/fail`` answers 500, ``/stall`` sends 10 of 100 bytes and falls
+    silent; counts the requests."""
 
     def __init__(self, body: bytes):
         self.body = body
@@ -311,17 +312,25 @@ class TinyHttp:
         return self.server.sockets[0].getsockname()[1]
 
     async def serve(self, reader, writer):
-        request = await reader.readuntil(b"\r\n\r\n")
+        try:
+            await self.answer(await reader.readuntil(b"\r\n\r\n"), writer)
+        finally:
+            writer.close()
+
+    async def answer(self, request: bytes, writer):
         self.requests += 1
         path = request.split(b" ")[1]
-        if path == b"/fail":
+        if path == b"/stall":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+            await writer.drain()
+            await asyncio.sleep(5)
+        elif path == b"/fail":
             writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops")
         elif path == b"/close":
             writer.write(b"HTTP/1.1 200 OK\r\n\r\n" + self.body)
         else:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(self.body) + self.body)
         await writer.drain()
-        writer.close()
 
 
 @pytest.mark.parametrize("path", ["/ok", "/close"])
@@ -351,6 +360,21 @@ def test_http_error_status_fails_the_poll():
         source = HttpPollSource(f"http://127.0.0.1:{port}/fail", 0.05)
         await source.open()
         with pytest.raises(SourceFailed, match="answered 500 Internal Server Error"):
+            await fill_once(source)
+        source.close()
+        server.server.close()
+
+    asyncio.run(main())
+
+
+def test_http_a_stalled_body_fails_the_poll():
+    async def main():
+        server = TinyHttp(b"")
+        port = await server.start()
+        source = HttpPollSource(f"http://127.0.0.1:{port}/stall", 1, timeout=0.1)
+        await source.open()
+        assert await fill_once(source) == b"0123456789"
+        with pytest.raises(SourceFailed, match="no bytes of the body for 0.1 s"):
             await fill_once(source)
         source.close()
         server.server.close()
