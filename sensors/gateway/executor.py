@@ -51,6 +51,7 @@ Deliver = Callable[[str, Buffer, int, int], None]
 STARTING, RUNNING, RETRYING = "starting", "running", "retrying"
 FINISHED, GONE, REPLACED, FAILED, STOPPED = "finished", "gone", "replaced", "failed", "stopped"
 """A source's statuses; the last five are final (``stopped``: removed, or the executor stopped)."""
+FINAL = frozenset({FINISHED, GONE, REPLACED, FAILED, STOPPED})
 
 ENDED_KEPT = 1000
 """How many ended sources ``stats`` still shows (the most recent)."""
@@ -93,6 +94,7 @@ class _Runner:
     rewind: int | None = None
     """A position to read again from, asked by :meth:`AsyncSourceExecutor.rewind`."""
     successor: Source | None = None
+    removed: bool = False
     ended: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
     @property
@@ -249,9 +251,14 @@ class AsyncSourceExecutor:
 
     def _launch(self, runner: _Runner) -> None:
         runner.task = asyncio.get_running_loop().create_task(self._run(runner), name=f"source:{runner.id}")
+        # A callback, not a finally: it runs even for a task cancelled before it started.
+        runner.task.add_done_callback(lambda _: self._end(runner))
+        if runner.removed:
+            runner.task.cancel()
 
     @staticmethod
     def _cancel(runner: _Runner) -> None:
+        runner.removed = True  # remove() may overtake add()'s launch from another thread
         if runner.task is not None:
             runner.task.cancel()
 
@@ -275,15 +282,7 @@ class AsyncSourceExecutor:
         await asyncio.gather(*waits)
 
     async def _run(self, runner: _Runner) -> None:
-        try:
-            await self._drive(runner)
-        except asyncio.CancelledError:
-            self._set_status(runner, STOPPED)
-        finally:
-            self._end(runner)
-
-    async def _drive(self, runner: _Runner) -> None:
-        """Runs the source through its faults until it ends."""
+        """Runs the source through its faults until it ends (or is cancelled)."""
         faults = 0
         while True:
             before = runner.bytes
@@ -292,16 +291,13 @@ class AsyncSourceExecutor:
                 runner.source.seek(runner.rewind)
                 runner.rewind = None
                 continue
-            if fault is None:
-                return self._set_status(runner, FINISHED)
-            self._report(runner, fault)
-            if isinstance(fault, SourceReplaced):
-                runner.successor = fault.successor
-                return self._set_status(runner, REPLACED)
-            if isinstance(fault, SourceGone):
-                return self._set_status(runner, GONE)
-            if not runner.source.restartable:
-                return self._set_status(runner, FAILED)
+            if fault is not None:
+                self._report(runner, fault)
+            final = _final_status(runner, fault)
+            if final is not None:
+                runner.successor = fault.successor if isinstance(fault, SourceReplaced) else None
+                self._set_status(runner, final)
+                return
             faults = 1 if runner.bytes > before else faults + 1
             self._set_status(runner, RETRYING)
             await asyncio.sleep(min(self._backoff[1], self._backoff[0] * 2 ** (faults - 1)))
@@ -342,7 +338,10 @@ class AsyncSourceExecutor:
                 try:
                     await asyncio.wait((fill,))  # a cancelled fill (flush) does not cancel us
                 except asyncio.CancelledError:
-                    fill.cancel()  # the runner stops: it has written nothing and will not
+                    # The runner stops.  A pending fill, cancelled, has written nothing and
+                    # will not; one that completed meanwhile wrote bytes that must count.
+                    if not fill.cancel():
+                        buffer.length += _written(fill)
                     raise
                 finally:
                     runner.fill = None
@@ -390,6 +389,8 @@ class AsyncSourceExecutor:
 
     def _end(self, runner: _Runner) -> None:
         """The source ended: unregisters it, keeps its figures, adds its successor."""
+        if runner.status not in FINAL:
+            self._set_status(runner, STOPPED)  # cancelled
         self._flushed(runner)
         figures = self._forget(runner)
         with self._lock:
@@ -402,6 +403,25 @@ class AsyncSourceExecutor:
                 self.add(runner.successor)
             except GatewayError as error:
                 log.warning("source %s could not start after %s: %s", runner.successor.id, runner.id, error)
+
+
+def _final_status(runner: _Runner, fault: Exception | None) -> str | None:
+    """The status that ends the source after ``fault`` (None: its end of stream); None when
+    the fault is retried."""
+    if fault is None:
+        return FINISHED
+    if isinstance(fault, SourceReplaced):
+        return REPLACED
+    if isinstance(fault, SourceGone):
+        return GONE
+    return None if runner.source.restartable else FAILED
+
+
+def _written(fill: asyncio.Task) -> int:
+    """The bytes a completed fill wrote; its fault, if any, is dropped (the runner stops)."""
+    if fill.cancelled() or fill.exception() is not None:
+        return 0
+    return fill.result()
 
 
 def _figures(runner: _Runner) -> dict:

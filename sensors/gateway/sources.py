@@ -115,7 +115,8 @@ class ThreadedSource(Source):
     The thread fills a scratch buffer of its own and the loop copies the bytes into the
     buffer ``fill`` was given: a cancelled ``fill`` cannot be stopped inside the blocking
     call, so its bytes are kept and handed out by the next ``fill`` (cancellation-safe at
-    the cost of one copy).
+    the cost of one copy).  The position of a re-readable one counts the bytes handed out,
+    so that bytes read but not handed out when it closed are read again after a restart.
     """
 
     def __init__(self, inner: SyncSource):
@@ -123,8 +124,8 @@ class ThreadedSource(Source):
         self.inner = inner
         self.rereadable = inner.rereadable
         self.restartable = inner.restartable
+        self._position = inner.position
         self._requests: queue.SimpleQueue | None = None
-        self._thread: threading.Thread | None = None
         self._scratch = bytearray()
         self._inflight: asyncio.Future | None = None
         self._ready = memoryview(b"")
@@ -132,16 +133,17 @@ class ThreadedSource(Source):
 
     @property
     def position(self) -> int | None:
-        return self.inner.position
+        return self._position
 
     def seek(self, position: int) -> None:
         self.inner.seek(position)
+        self._position = position
 
     async def open(self) -> None:
+        if self.rereadable:
+            self.inner.seek(self._position)
         self._requests = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, args=(self._requests,), name=f"source:{self.id}",
-                                        daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._serve, args=(self._requests,), name=f"source:{self.id}", daemon=True).start()
         await self._submit(self.inner.open)
 
     async def fill(self, buffer: memoryview) -> int:
@@ -162,6 +164,8 @@ class ThreadedSource(Source):
         n = min(len(buffer), len(self._ready))
         buffer[:n] = self._ready[:n]
         self._ready = self._ready[n:]
+        if self._position is not None:
+            self._position += n
         return n
 
     def close(self) -> None:
@@ -171,7 +175,7 @@ class ThreadedSource(Source):
             self._requests.put(_STOP)
         if self._inflight is not None:
             _discard(self._inflight)
-        self._requests = self._thread = self._inflight = None
+        self._requests = self._inflight = None
         self._ready = memoryview(b"")
         self._scratch = bytearray()  # a fill that outlives close may still write into the old one
 

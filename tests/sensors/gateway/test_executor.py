@@ -15,6 +15,7 @@ from sensors.gateway.sources import (
     GeneratorSource,
     Source,
     SyncGeneratorSource,
+    SyncSource,
     TcpListener,
     generated_line,
 )
@@ -246,6 +247,44 @@ def test_sync_sources_run_on_a_thread_each():
         executor.stop()
     assert threads == [f"source:s{i}" for i in range(5)]
     assert all(collector.data[f"s{i}"] == lines(f"s{i}", 40) for i in range(5))
+
+
+class SyncMemory(SyncSource):
+    """A blocking, re-readable source of ``data`` that fails once at ``fail_at``."""
+
+    rereadable = True
+
+    def __init__(self, source_id: str, data: bytes, fail_at: int):
+        super().__init__(source_id)
+        self.data, self.fail_at, self._position = data, fail_at, 0
+
+    @property
+    def position(self):
+        return self._position
+
+    def seek(self, position):
+        self._position = position
+
+    def fill(self, buffer):
+        if self.fail_at is not None and self._position >= self.fail_at:
+            self.fail_at = None
+            raise OSError("disk hiccup")
+        n = min(len(buffer), 7, len(self.data) - self._position)
+        buffer[:n] = self.data[self._position : self._position + n]
+        self._position += n
+        return n
+
+
+def test_a_failing_sync_source_resumes_at_its_position():
+    executor, collector = executor_of(4, 32, backoff=(0.01, 0.01))
+    data = bytes(range(200))
+    executor.add(SyncMemory("sm", data, fail_at=100))
+    executor.start()
+    try:
+        collector.ended(1)
+    finally:
+        executor.stop()
+    assert collector.data["sm"] == data and executor.stats()["sources"]["sm"]["errors"] == 1
 
 
 def test_two_io_threads():
