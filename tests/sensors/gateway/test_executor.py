@@ -154,7 +154,7 @@ def test_flush_delivers_a_partly_filled_buffer_at_once():
             asked = time.monotonic()
             executor.flush().result(2)
             source, start, end, at, _ = collector.deliveries[-1]
-            assert at - asked < 0.05, f"delivered {at - asked:.3f} s after the flush"
+            assert at - asked < 0.1, f"delivered {at - asked:.3f} s after the flush"
             assert source == "slow" and end - start >= 64
             time.sleep(0.1)
         executor.flush("slow").result(2)
@@ -213,7 +213,8 @@ def test_a_failing_source_is_retried_with_backoff_and_the_others_go_on():
     assert collector.data["steady"] == lines("steady", 1000)
     assert collector.data["flaky"] == data and collector.data["broken"] == data  # resumed at its position
     gaps = [b - a for a, b in zip(opens, opens[1:])]
-    assert 0.018 < gaps[0] < gaps[1] < gaps[2] and gaps[2] >= 0.045, gaps  # 0.02, 0.04, 0.05 (the longest)
+    # 0.02, 0.04, then 0.05 (the longest); lower bounds only: a loaded machine adds to each
+    assert gaps[0] >= 0.019 and gaps[1] >= 0.039 and gaps[2] >= 0.049 and len(gaps) == 3, gaps
     assert stats["flaky"]["errors"] == 3 and stats["flaky"]["last_error"] == "ConnectionRefusedError: not yet"
     assert stats["broken"]["errors"] == 1 and "HTTP 503" in stats["broken"]["last_error"]
     assert ("flaky", "retrying") in collector.statuses and stats["steady"]["errors"] == 0
@@ -239,14 +240,19 @@ def test_sync_sources_run_on_a_thread_each():
     executor.start()
     try:
         for i in range(5):
-            executor.add(SyncGeneratorSource(f"s{i}", lines=40, rate=200))
-        time.sleep(0.05)
-        threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("source:"))
-        collector.ended(5)
+            executor.add(SyncGeneratorSource(f"s{i}", rate=200))  # endless: running while counted
+        deadline = time.monotonic() + 5
+        while len(threads := sorted(t.name for t in threading.enumerate() if t.name.startswith("source:"))) < 5:
+            assert time.monotonic() < deadline, threads
+            time.sleep(0.01)
+        collector.flushing(executor, lambda: all(len(collector.data.get(f"s{i}", b"")) >= 640 for i in range(5)))
     finally:
         executor.stop()
     assert threads == [f"source:s{i}" for i in range(5)]
-    assert all(collector.data[f"s{i}"] == lines(f"s{i}", 40) for i in range(5))
+    assert [t for t in threading.enumerate() if t.name.startswith("gateway-io")] == []
+    for i in range(5):
+        data = collector.data[f"s{i}"]
+        assert data == lines(f"s{i}", len(data) // 64 + 1)[: len(data)]
 
 
 class SyncMemory(SyncSource):
