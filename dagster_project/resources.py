@@ -76,6 +76,9 @@ class KafkaResource(ConfigurableResource):
     sasl_mechanism: str | None = Field(None, description="e.g. PLAIN or SCRAM-SHA-512")
     sasl_username: str | None = Field(None, description="use EnvVar('KAFKA_USERNAME')")
     sasl_password: str | None = Field(None, description="use EnvVar('KAFKA_PASSWORD')")
+    config: dict[str, str] = Field(
+        default_factory=dict, description="further librdkafka settings of every client, e.g. {compression.type: lz4}"
+    )
 
     def client_config(self) -> dict:
         settings = {
@@ -85,7 +88,7 @@ class KafkaResource(ConfigurableResource):
             "sasl.password": self.sasl_password,
         }
         embedded = local_producer_config() if self.bootstrap_servers == EMBEDDED else {}
-        return {**embedded, **{k: v for k, v in settings.items() if v is not None}}
+        return {**embedded, **{k: v for k, v in settings.items() if v is not None}, **self.config}
 
     def source(self, spec: PipelineSpec) -> KafkaSource:
         """The pipeline's topics on this cluster; the embedded broker is started, and the

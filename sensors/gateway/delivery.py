@@ -81,6 +81,7 @@ class Delivery:
         self._high: dict[tuple[str, int], int] = {}
         self._running = True
         self._idle_listeners: list[Callable[[], None]] = []
+        self._sent_since_idle = False
         self._poller = threading.Thread(target=self._poll, name="gateway-acks", daemon=True)
         self._poller.start()
 
@@ -155,6 +156,7 @@ class Delivery:
             self._delivered(source, start, end, error, message, buffer)
 
         state.sent = end
+        self._sent_since_idle = True
         state.bytes_sent += len(value)
         state.messages += 1
         while True:
@@ -189,13 +191,14 @@ class Delivery:
             state.acked = state.pending.pop(state.acked)
 
     def _poll(self) -> None:
-        busy = False
         while self._running:
             self._producer.poll(0.05)
-            if busy and self.idle:
+            # A message may be sent and acknowledged between two looks at the queue: what
+            # counts is that something was sent since the listeners last heard.
+            if self._sent_since_idle and self.idle:
+                self._sent_since_idle = False
                 for listener in self._idle_listeners:
                     listener()
-            busy = not self.idle
 
     def wait(self, timeout: float) -> int:
         """Waits until every message produced so far is acknowledged; returns how many are not."""

@@ -111,13 +111,17 @@ class AsyncSourceExecutor:
 
     ``on_add(source)`` is called in :meth:`add` for every source before it reads (also for
     a successor the executor adds itself); ``on_status(source_id, status, last_error)`` on
-    the source's loop at every change of status.  Both must not block.
+    the source's loop at every change of status.  Both must not block.  ``idle()``, when
+    given, says whether downstream waits for work (the producer's queue is empty): then a
+    runner delivers after every fill instead of filling its buffer first, the second demand
+    of the seed's flush (a quiet gateway delivers at once, a busy one in full buffers).
     """
 
     def __init__(self, pool: BufferPool, deliver: Deliver, io_threads: int = 1, *,
                  backoff: tuple[float, float] = (0.1, 5.0),
                  on_add: Callable[[Source], None] | None = None,
-                 on_status: Callable[[str, str, str | None], None] | None = None):
+                 on_status: Callable[[str, str, str | None], None] | None = None,
+                 idle: Callable[[], bool] | None = None):
         if io_threads < 1:
             raise GatewayConfigError(f"gateway.io_threads is {io_threads}: set it to 1 or more")
         if not 0 < backoff[0] <= backoff[1]:
@@ -127,6 +131,7 @@ class AsyncSourceExecutor:
         self._backoff = backoff
         self._on_add = on_add
         self._on_status = on_status
+        self._idle = idle
         self._threads = [_IoThread(i) for i in range(io_threads)]
         self._runners: dict[str, _Runner] = {}
         self._ended: dict[str, dict] = {}
@@ -351,6 +356,8 @@ class AsyncSourceExecutor:
                 if n == 0:
                     return True
                 buffer.length += n
+                if self._idle is not None and self._idle():
+                    break
             return False
         finally:
             runner.buffer = None

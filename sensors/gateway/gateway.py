@@ -56,13 +56,14 @@ class Gateway:
         self.pool = BufferPool(spec.buffers, spec.buffer_size)
         self.delivery = Delivery(bootstrap_servers, kafka_config, self.pool.release, self._delivery_failed)
         self.executor = AsyncSourceExecutor(self.pool, self.delivery.deliver, spec.io_threads,
-                                            on_add=self._added, on_status=self._status)
+                                            on_add=self._added, on_status=self._status,
+                                            idle=lambda: self.delivery.idle)
         self._topic_of: dict[str, str] = {}  # source id or file path: its group's topic
         self._rereadable: dict[str, bool] = {}
         self._resume: dict[tuple[str, str], int] = {}
         self._failed: list[str] = []
         self._lock = threading.Lock()
-        self.listeners: dict[str, TcpListener] = {}
+        self.listeners: dict[str, str] = {}  # TCP group: the address it listens on
         self.started_at = time.time()
         self.control = ControlServer(spec.control_host, spec.control_port, self.flush, self.status)
 
@@ -74,8 +75,8 @@ class Gateway:
         self.executor.start()
         for group in self.groups:
             self._start_group(group)
-        # Demand-based flush (seed 004): whenever the broker has acknowledged everything, the
-        # partly filled buffers go out, so a quiet gateway delivers at once.
+        # Demand-based flush (seed 004): when the broker has acknowledged everything, the
+        # partly filled buffers go out (and, while it stays so, every fill: see ``idle``).
         self.delivery.on_idle(self.executor.flush)
         self.control.start(self.home)
 
@@ -108,7 +109,7 @@ class Gateway:
             "uptime_seconds": round(time.time() - self.started_at, 1),
             "threads": stats["threads"],
             "pool": stats["pool"],
-            "listeners": {name: "%s:%d" % listener.address for name, listener in self.listeners.items()},
+            "listeners": dict(self.listeners),
             "delivery_failures": list(self._failed),
             "sources": sources,
         }
@@ -122,7 +123,7 @@ class Gateway:
             self.executor.submit(watcher.run())
         elif isinstance(group, TcpSpec):
             listener = TcpListener(group.host, group.port, self._adder(group.topic), prefix=group.name)
-            self.listeners[group.name] = listener
+            self.listeners[group.name] = "%s:%d" % listener.address
             self.executor.submit(listener.run())
         elif isinstance(group, HttpSpec):
             self._adder(group.topic)(HttpPollSource(group.url, group.interval, source_id=group.name))
