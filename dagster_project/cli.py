@@ -302,7 +302,8 @@ def _gateway_status(args: argparse.Namespace) -> int:
     for name, f in ranked[: args.limit]:
         table.add_row(name, f["status"], f"{f['bytes']:,}", f"{f.get('acked', 0):,}", str(f["buffers"]),
                       str(f.get("waits", 0)), str(f["errors"]), f.get("last_error") or "")
-    Console().print(table)
+    table.columns[0].overflow = "fold"  # a file source's id is its path: never cut it short
+    Console(width=max(Console().width, 140)).print(table)
     if len(ranked) > args.limit:
         print(f"({len(ranked) - args.limit} more sources; --limit N or --json shows them)")
     return 0

@@ -56,6 +56,28 @@ class _Source:
     last_failure: str | None = None
 
 
+def cut(state: _Source, data: bytes, first: int, size: int) -> Iterable[tuple[bytes, int, bool]]:
+    """The messages of ``data``, a source's bytes from ``first`` read into buffers of
+    ``size``: ``(value, start, partial)``.  Whole records go out; the bytes after the last
+    newline stay in ``state.tail``; a record longer than a buffer goes out in pieces marked
+    partial, up to and including its newline."""
+    if state.long_record:
+        newline = data.find(b"\n")
+        piece = data if newline < 0 else data[: newline + 1]
+        state.long_record = newline < 0
+        yield piece, first, True
+        data, first = data[len(piece):], first + len(piece)
+    newline = data.rfind(b"\n")
+    if newline >= 0:
+        yield data[: newline + 1], first, False
+        data, first = data[newline + 1:], first + newline + 1
+    if len(data) >= size:
+        state.long_record = True
+        yield data, first, True
+        data = b""
+    state.tail = data
+
+
 class Delivery:
     """Produces the buffers of every source and tracks their acknowledgements.
 
@@ -114,7 +136,7 @@ class Delivery:
         state = self._sources[source]
         data = state.tail + bytes(buffer.filled())
         first = start - len(state.tail)
-        messages = list(self._cut(state, data, first, len(buffer.data)))
+        messages = list(cut(state, data, first, len(buffer.data)))
         if not messages:
             self._release(buffer)
             return
@@ -129,24 +151,6 @@ class Delivery:
         if state is not None and state.tail:
             tail, state.tail = state.tail, b""
             self._produce(source, state, tail, state.sent, state.long_record, None)
-
-    def _cut(self, state: _Source, data: bytes, first: int, size: int) -> Iterable[tuple[bytes, int, bool]]:
-        """The messages of ``data`` (bytes from ``first``): ``(value, start, partial)``."""
-        if state.long_record:
-            newline = data.find(b"\n")
-            piece = data if newline < 0 else data[: newline + 1]
-            state.long_record = newline < 0
-            yield piece, first, True
-            data, first = data[len(piece):], first + len(piece)
-        newline = data.rfind(b"\n")
-        if newline >= 0:
-            yield data[: newline + 1], first, False
-            data, first = data[newline + 1:], first + newline + 1
-        if len(data) >= size:
-            state.long_record = True
-            yield data, first, True
-            data = b""
-        state.tail = data
 
     def _produce(self, source: str, state: _Source, value: bytes, start: int, partial: bool, buffer: Buffer | None) -> None:
         end = start + len(value)

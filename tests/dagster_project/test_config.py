@@ -61,6 +61,24 @@ def test_the_example_configuration_is_valid(spark):
 
     project = load_project("dbsp.example.yaml")
     assert [p.name for p in project.pipelines] == ["nexmark", "revenue"]
+    assert [g.kind for g in project.sources] == ["files", "tcp"]
     build_resources(project)
     for spec in project.pipelines:
         assert spec.circuit_def  # sources and sinks match the circuits
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"sources": [{"kind": "files", "name": "in", "topic": "nope", "directory": "/d"}]}, ["sources.0.topic", "no pipeline's input topic", "good.bids"]),
+        ({"sources": [{"kind": "udp", "name": "in", "topic": "good.bids"}]}, ["sources.0", "'udp'", "'files', 'tcp', 'http', 'generator'"]),
+        ({"sources": [{"kind": "tcp", "name": "in", "topic": "good.bids"}]}, ["sources.0.tcp.port", "Field required"]),
+        ({"gateway": {"buffers": 1}}, ["gateway.buffers", "greater than 1"]),
+    ],
+)
+def test_a_bad_gateway_setting_is_named(spark, change, named):
+    settings = project_settings("/tmp/x", "localhost:1", "good") | change
+    with pytest.raises(ConfigError) as error:
+        parse_project(settings, "dbsp.yaml")
+    for text in named:
+        assert text in str(error.value)

@@ -143,6 +143,10 @@ def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kil
     wait_until(lambda: not behind(), lambda: f"every file's bytes to be acknowledged: {list(behind().items())[:3]}")
     figures = gateway.status()
     assert figures["pool"]["in_use"] <= figures["pool"]["buffers"]
+    shown = subprocess.run([sys.executable, "-m", "dagster_project.cli", "--config", str(config), "gateway", "status"],
+                           env={**os.environ, "DBSP_HOME": home}, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and f"gateway pid {gateway.process.pid}" in shown.stdout, shown.stderr
+    assert "waits" in shown.stdout and "sensor-" in shown.stdout
     gateway.stop()
     for request in h.tick().run_requests:  # whatever the last round's step had not yet
         assert h.run(int(request.partition_key)).success
