@@ -22,9 +22,18 @@ output (the messages it is handed, step by step) whose side effect the storage l
 performs once per message, with the idempotency token ``(stage, key, offset)``.  Records
 that could not be handled go to the output :data:`DEAD_LETTERS`.
 
-Ordering: messages of several source keys that land on one key are handled by (source
-log, partition, offset), the source log numbered in the order the pipeline first uses
-the named logs; a message a ``loop`` emits follows the message that caused it.
+Ordering: within a step, messages are handled (and handed to sinks) in the order of
+their position ``(timestamp, source log, partition, offset)``: ``timestamp`` is the
+record's Kafka timestamp (the producer's CreateTime, in milliseconds), made monotonic per
+partition (the largest timestamp of the step's records of that partition up to and
+including this one), so a key's messages, which share a partition, keep their offset
+order even when a producer's clock goes back.  The source log is numbered in the order
+the pipeline first uses the named logs.  So messages produced in order, in different
+milliseconds, are handled in the order they were produced, whichever logs and keys they
+went to; messages of the same millisecond on different logs or partitions fall back to
+(source log, partition, offset).  A record without a timestamp counts as 0.  A message
+a ``loop`` emits follows the message that caused it.  Steps are handled in order, so a
+message of a later step follows every message of an earlier one.
 Keys, values and states are JSON values.
 """
 
@@ -36,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from .circuit import Circuit, Stream
@@ -43,9 +53,10 @@ from .errors import CircuitDefinitionError
 from .operators.keyed import KEY, MESSAGE_SCHEMA, ORD, REASON, STAGE, VALUE, Loop, Partition, to_json
 from .sharding import DEFAULT_VNODES
 
-PARTITION, OFFSET = "partition", "offset"
-RECORD_SCHEMA = "key string, value string, partition int, offset bigint"
-"""A named log's input handle: the record's key and value (JSON texts) and its position."""
+PARTITION, OFFSET, TIMESTAMP = "partition", "offset", "timestamp"
+RECORD_SCHEMA = "key string, value string, partition int, offset bigint, timestamp bigint"
+"""A named log's input handle: the record's key and value (JSON texts), its position and
+its Kafka timestamp (milliseconds since the epoch; null when the record has none)."""
 DEAD_LETTERS = "dead_letters"
 DEAD_LETTER_COLUMNS = (STAGE, KEY, VALUE, ORD, REASON)
 
@@ -124,7 +135,7 @@ class _Builder:
             index = len(self.sources)
             records = self.circuit.input(klog.name, RECORD_SCHEMA)
             self.sources[klog.name] = records.select(
-                KEY, VALUE, **{ORD: F.array(F.lit(index).cast("bigint"), F.col(PARTITION).cast("bigint"), F.col(OFFSET))}
+                KEY, VALUE, **{ORD: F.array(_monotonic_timestamp(), F.lit(index).cast("bigint"), F.col(PARTITION).cast("bigint"), F.col(OFFSET))}
             )
         return self.sources[klog.name]
 
@@ -132,6 +143,13 @@ class _Builder:
         """The messages of a tagged stream (see :mod:`circuits.operators.keyed`); its dead letters are kept."""
         self.dead.append(stream.filter(F.col(REASON).isNotNull()).select(*DEAD_LETTER_COLUMNS))
         return KLog(stream=stream.filter(F.col(REASON).isNull()).select(*MESSAGE_SCHEMA.names[:3]))
+
+
+def _monotonic_timestamp():
+    """A record's timestamp as the first element of its position: the largest timestamp of
+    the step's records of its partition up to its offset (0 when none has one)."""
+    so_far = Window.partitionBy(PARTITION).orderBy(OFFSET).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    return F.coalesce(F.max(F.col(TIMESTAMP)).over(so_far), F.lit(0)).cast("bigint")
 
 
 def _builder(what: str) -> _Builder:

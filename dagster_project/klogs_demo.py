@@ -3,12 +3,15 @@
 Produces the seed's four messages to two keyed logs (fresh topics per demo), ticks the
 offset sensor after each message (a step per message) or once after all of them (one
 step), and runs each requested step through Dagster; the pipeline's sink prints a JSON
-line per total.
+line per total, in the order the messages were produced either way: each is produced
+with an explicit timestamp, one millisecond at least after the one before, and a step
+orders its messages by timestamp (see :mod:`circuits.klogs`).
 """
 
 from __future__ import annotations
 
 import shutil
+import time
 import uuid
 
 from dagster import DagsterInstance, build_sensor_context
@@ -50,7 +53,15 @@ class Demo:
         ensure_topics(self.source.bootstrap_servers, {t: self.spec.topic_partitions for t in self.source.topics.values()})
         self.root = self.defs.resources["store"].pipeline_root(NAME)
         client = self.source.client()
-        self.klogs = KLogs(lambda topic, key, value: client.produce(self.source.topics[topic], [value], keys=[key]))
+        self.last_timestamp = 0
+
+        def send(topic: str, key: bytes, value: bytes) -> None:
+            # Explicit, increasing timestamps: messages produced within one millisecond
+            # would otherwise be ordered by (log, partition, offset) in a step, not as produced.
+            self.last_timestamp = max(int(time.time() * 1000), self.last_timestamp + 1)
+            client.produce(self.source.topics[topic], [value], keys=[key], timestamps=[self.last_timestamp])
+
+        self.klogs = KLogs(send)
 
     def produce(self, messages) -> None:
         for log, key, value in messages:

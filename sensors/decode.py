@@ -16,8 +16,9 @@ read already (the gateway re-sent it after a crash) is dropped.
 
 A keyed log's topic (KLogs, declared with :data:`circuits.klogs.RECORD_SCHEMA`) is read
 as records: the message key and the value (each any JSON value), with the record's
-partition and offset.  Such a log is append-only: a value that is an object with a
-``_weight`` other than 1 is a retraction, and a dead letter like an undecodable one.
+partition, offset and timestamp (milliseconds; null when the record has none).  Such a
+log is append-only: a value that is an object with a ``_weight`` other than 1 is a
+retraction, and a dead letter like an undecodable one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, Message, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -68,6 +69,7 @@ _RAW_SCHEMA = T.StructType(
         T.StructField("value", T.StringType()),
         T.StructField("weight", T.LongType()),
         T.StructField("reason", T.StringType()),
+        T.StructField("timestamp", T.LongType()),
     ]
 )
 _RAW_ARROW = to_arrow_schema(_RAW_SCHEMA)
@@ -183,8 +185,12 @@ def _records(topic: str, partition: int, message: Message, fields: Fields, seen:
         yield _row(topic, partition, message.offset(), key, message.value(), fields)
         return
     start, end, partial = framed
-    if seen.get((topic, key), -1) >= end:
-        return  # re-sent after a gateway crash: these bytes were read already
+    # Bytes below ``read`` came in an earlier message of this source: sent again by a
+    # gateway that crashed or re-read them after a refused delivery.  Records start at the
+    # same bytes in both (messages are cut after newlines), so whole records are skipped.
+    read = seen.get((topic, key), 0)
+    if read >= end:
+        return
     seen[(topic, key)] = end
     if partial:
         yield {"topic": topic, "partition": partition, "offset": message.offset(), "key": key,
@@ -194,7 +200,7 @@ def _records(topic: str, partition: int, message: Message, fields: Fields, seen:
         return
     position = start
     for line in (message.value() or b"").split(b"\n"):
-        if line.strip():
+        if line.strip() and position >= read:
             where = f"source {key!r} bytes {position}-{position + len(line)}: "
             yield _row(topic, partition, message.offset(), key, line, fields, where)
         position += len(line) + 1
@@ -216,7 +222,9 @@ def _read_range(consumer: Consumer, chunk: tuple[str, int, int, int], fields: Fi
         # Ask for exactly what is missing: consume() waits out its timeout for a fuller batch.
         for message in consumer.consume(min(end - position, MAX_BATCH), timeout):
             if message.error() is None and position <= message.offset() < end:
-                yield from _records(topic, partition, message, fields, seen)
+                kind, timestamp = message.timestamp()
+                for row in _records(topic, partition, message, fields, seen):
+                    yield {**row, "timestamp": None if kind == TIMESTAMP_NOT_AVAILABLE else timestamp}
                 position = message.offset() + 1
         # Transaction markers take offsets but are never delivered; the consumer's position skips them.
         position = max(position, consumer.position([TopicPartition(topic, partition)])[0].offset)

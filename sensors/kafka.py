@@ -120,10 +120,12 @@ class KafkaClient:
         partition: int | None = None,
         keys: Iterable[bytes] | None = None,
         headers: Iterable[list[tuple[str, bytes]]] | None = None,
+        timestamps: Iterable[int] | None = None,
     ) -> int:
         """Sends ``values`` to ``topic`` (to ``partition``, or as the producer partitions, by
-        the record's key among ``keys`` when given; with its ``headers`` when given) and
-        waits until the broker acknowledged every one; returns how many were sent."""
+        the record's key among ``keys`` when given; with its ``headers`` and its timestamp
+        among ``timestamps``, milliseconds since the epoch, when given) and waits until the
+        broker acknowledged every one; returns how many were sent."""
         self.partitions([topic])  # producing to a missing topic would make tansu create it
         failures: list[KafkaError] = []
 
@@ -134,8 +136,9 @@ class KafkaClient:
         target = {} if partition is None else {"partition": partition}
         count = 0
         none = itertools.repeat(None)
-        for value, key, header in zip(values, none if keys is None else keys, none if headers is None else headers):
-            extra = {name: v for name, v in (("key", key), ("headers", header)) if v is not None}
+        columns = (none if keys is None else keys, none if headers is None else headers, none if timestamps is None else timestamps)
+        for value, key, header, timestamp in zip(values, *columns):
+            extra = {name: v for name, v in (("key", key), ("headers", header), ("timestamp", timestamp)) if v is not None}
             self._send(topic, value, delivered, {**target, **extra})
             count += 1
         left = self._producer.flush(self.timeout)

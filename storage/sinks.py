@@ -63,8 +63,10 @@ class Publisher(Protocol):
 
 
 def offset_of(ord_: Iterable[int]) -> str:
-    """A message position as a token's offset: ``"source.partition.offset[.emitted...]"``."""
-    return ".".join(str(int(o)) for o in ord_)
+    """A message position (``[timestamp, source, partition, offset, emitted...]``) as a
+    token's offset: ``"source.partition.offset[.emitted...]"`` (the timestamp orders
+    messages but does not identify one)."""
+    return ".".join(str(int(o)) for o in list(ord_)[1:])
 
 
 def _rows(uri: str, filters: pc.Expression | None = None) -> pa.Table | None:
@@ -196,7 +198,8 @@ class Sinks:
 
 
 def step_messages(uri: str, step: int) -> list[Message]:
-    """The messages of ``step`` in a sink stage's output log, in ``ord`` order, one per copy."""
+    """The messages of ``step`` in a sink stage's output log, in ``ord`` order (timestamp,
+    then source log, partition, offset: see :mod:`circuits.klogs`), one per copy."""
     rows = _rows(uri, pc.field(STEP) == step)
     found = []
     for row in [] if rows is None else rows.to_pylist():

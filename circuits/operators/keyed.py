@@ -2,11 +2,12 @@
 each key's messages in order with that key's state.
 
 A keyed log is an append-only Z-set of messages ``(key, value, ord)``: ``key`` and
-``value`` are JSON texts, ``ord`` is the message's position, ``[source log, partition,
-offset]`` for a message read from a log, with one more element (its index among the
+``value`` are JSON texts, ``ord`` is the message's position, ``[timestamp, source log,
+partition, offset]`` for a message read from a log (the timestamp made monotonic per
+partition: see :mod:`circuits.klogs`), with one more element (its index among the
 messages one input message emitted) per ``loop`` it went through.  Messages of one key
 are handled in ``ord`` order (array order: element by element); so are messages of
-several source keys that land on one key: by (source log, partition, offset).
+several source keys that land on one key: by (timestamp, source log, partition, offset).
 
 Both operators emit a *tagged* stream: a message has a null ``reason``; a message that
 could not be handled (a retraction, or the user's function raised on it) keeps its

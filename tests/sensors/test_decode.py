@@ -150,17 +150,18 @@ def test_gateway_messages_are_framed_into_records_and_resent_bytes_dropped(spark
         message("s1", 0, first),
         message("s2", 0, b"not json\n" + bid(2) + b"\n"),
         message("s1", 0, first),  # re-sent by a gateway restarted from an older cursor
+        message("s2", 0, b"not json\n" + bid(2) + b"\n" + bid(3) + b"\n"),  # overlaps: only bid 3 is new
         message("s1", len(first), b'{"auction": 3, "bid', partial=True),
         (bid(9), None, None),  # a record produced directly: one message, one record
     ]
     client.produce(topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent])
     decoded = read_ranges(spark, broker.bootstrap, None, [Range(topic, 0, 0, len(sent))], {topic: BIDS})
     try:
-        assert {r[0] for r in rows(decoded.inputs[topic].select("auction"))} == {0, 1, 2, 9}
-        assert decoded.inputs[topic].count() == 4
+        assert {r[0] for r in rows(decoded.inputs[topic].select("auction"))} == {0, 1, 2, 3, 9}
+        assert decoded.inputs[topic].count() == 5
         letters = sorted(rows(decoded.dead_letters.select("offset", "reason")))
         assert letters[0][0] == 1 and letters[0][1].startswith("source 's2' bytes 0-8: undecodable value: not UTF-8 JSON")
-        assert letters[1][0] == 3 and "raise gateway.buffer_size" in letters[1][1]
+        assert letters[1][0] == 4 and "raise gateway.buffer_size" in letters[1][1]
         assert len(letters) == 2
     finally:
         decoded.unpersist()
