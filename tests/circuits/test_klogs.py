@@ -1,9 +1,10 @@
 """KLogs pipelines (seed 003) against a plain sequential Python fold (hypothesis).
 
-Random messages over random keys of two named logs, cut into random steps: per key, the
-sink receives exactly what a sequential fold over that key's messages emits (messages of
-a step in (source log, partition, offset) order), at 1, 2 and 4 workers, with a restart
-on a different number of workers (a rescale) part way.
+Random messages over random keys of two named logs, with random timestamps (a
+producer's clock may go back), cut into random steps: per key, the sink receives exactly
+what a sequential fold over that key's messages emits (messages of a step in (timestamp
+made monotonic per partition, source log, partition, offset) order), at 1, 2 and 4
+workers, with a restart on a different number of workers (a rescale) part way.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def pipeline_circuit():
 
 
 messages_strategy = st.lists(
-    st.tuples(st.integers(0, 1), st.sampled_from(["A", "a", "B", "c", "C"]), st.integers(0, 9)), max_size=24
+    st.tuples(
+        st.integers(0, 1), st.sampled_from(["A", "a", "B", "c", "C"]), st.integers(0, 9), st.none() | st.integers(0, 5)
+    ),
+    max_size=24,
 )
 
 
@@ -63,16 +67,17 @@ def split_messages(draw):
 
 
 def records(steps):
-    """Each step's input rows per log: a key goes to one partition, offsets count up."""
+    """Each step's input rows per log: a key goes to one partition, offsets count up;
+    timestamps as drawn (None: the record has none)."""
     offsets = defaultdict(int)
     out = []
     for step in steps:
         rows = defaultdict(list)
-        for src, key, value in step:
+        for src, key, value, timestamp in step:
             partition = ord(key[0].lower()) % 2
             offset = offsets[src, partition]
             offsets[src, partition] += 1
-            rows[LOGS[src]].append((json.dumps(key), json.dumps(value), partition, offset, 1))
+            rows[LOGS[src]].append((json.dumps(key), json.dumps(value), partition, offset, timestamp, 1))
         out.append(rows)
     return out
 
@@ -81,15 +86,17 @@ def oracle(steps_records):
     """Per new key, what a sequential fold emits, and the dead letters (stage, key, ord)."""
     states, emitted, dead = {}, defaultdict(list), set()
     for rows in steps_records:
-        step_messages = []
+        step_messages, newest = [], defaultdict(int)  # (log, partition): the largest timestamp so far
         for src, name in enumerate(LOGS):
-            for key, value, partition, offset, _ in rows.get(name, []):
+            for key, value, partition, offset, timestamp, _ in rows.get(name, []):
+                newest[src, partition] = max(newest[src, partition], timestamp or 0)
                 if json.loads(value) == 8:
                     dead.add(("partition_1", key, (src, partition, offset)))
                     continue
                 for new_key in route(json.loads(key), json.loads(value)):
-                    step_messages.append(((src, partition, offset), new_key, json.loads(value)))
+                    step_messages.append(((newest[src, partition], src, partition, offset), new_key, json.loads(value)))
         for ord_, key, value in sorted(step_messages):
+            ord_ = ord_[1:]
             try:
                 state, out = step_fn(states.get(key, [0, 0]), key, value)
             except ValueError:
@@ -116,7 +123,7 @@ def run(spark, steps_records, workers, restart_at):
             emitted[key].append(value)
         for stage, key, _, ord_, reason, w in out[DEAD_LETTERS]:
             assert w == 1 and reason.startswith({"loop_2": "ValueError: five", "partition_1": "KeyError: 'eight"}[stage])
-            dead.add((stage, key, tuple(ord_[:3])))
+            dead.add((stage, key, tuple(ord_[1:4])))
     return dict(emitted), dead
 
 
@@ -160,7 +167,7 @@ def test_the_order_workflow_moves_each_order_on_and_reports_invalid_transitions(
     events = [("o1", "created"), ("o2", "paid"), ("o1", "paid"), ("o2", "created"), ("o1", "shipped"), ("o1", "paid")]
     reports = defaultdict(list)
     for step in ([0, 1, 2], [3], [4, 5]):  # o1's events in three steps, o2's in two
-        rows = [(json.dumps(events[i][0]), json.dumps({"event": events[i][1]}), 0, i, 1) for i in step]
+        rows = [(json.dumps(events[i][0]), json.dumps({"event": events[i][1]}), 0, i, 1000 + i, 1) for i in step]
         out = runner.step({ORDERS: from_rows(spark, rows, RECORD_SCHEMA)}).collect_outputs()
         for key, report, _ in messages(out[next(iter(circuit.sinks))]):
             reports[key].append(report)

@@ -34,7 +34,7 @@ def test_sums_across_restarts_and_a_rescale_are_each_written_once(spark, tmp_pat
     offset = 0
     for step, messages in enumerate(STEPS):
         pipeline = Pipeline(spark, root, circuit(uri), workers=2)  # a restart before every step
-        rows = [(json.dumps(k), json.dumps(v), 0, offset + i, 1) for i, (k, v) in enumerate(messages)]
+        rows = [(json.dumps(k), json.dumps(v), 0, offset + i, None, 1) for i, (k, v) in enumerate(messages)]
         pipeline.submit(step, {LOG: from_rows(spark, rows, RECORD_SCHEMA)}, [Range(LOG, 0, offset, offset + len(rows))])
         offset += len(rows)
         pipeline.run()
