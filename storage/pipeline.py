@@ -236,7 +236,11 @@ class Pipeline:
         for the logs, the files of their latest version; for each current view, the versions
         those checkpoints pin and its latest (so ``dbsp show --step`` reads the steps of
         the retained checkpoints and the latest step).  Run it when no run is active.
+
+        First prunes the sinks' idempotency tokens of checkpointed steps (see
+        :meth:`storage.sinks.TokenStore.prune`), so their files go too.
         """
+        self.sinks.tokens.prune(latest_checkpoint(self.root)[1])
         state = os.path.join(self.root, "state")
         keep = {os.path.join(state, name): v for name, v in self.state.retained_table_versions().items()}
         keep |= retained_view_versions(self.root)

@@ -12,6 +12,12 @@ those messages; a :class:`DeltaSink` writes its rows and their tokens in one com
 Epochs: a run acts with the epoch of its lease (the fencing token).  A sink refuses an
 epoch older than the newest it has seen, so a run that lost its lease cannot act after
 a newer run did.
+
+Pruning: a step's tokens are needed only until its checkpoint is committed (a replay
+starts after the latest checkpoint).  :meth:`TokenStore.prune`, run by the pipeline's
+vacuum (maintenance), deletes the tokens of checkpointed steps; when that would delete
+every record of the newest epoch, it first keeps one: a row of stage ``_epoch``, so that
+a sink still refuses an older epoch.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ TOKENS = "_tokens"
 _TOKEN_FIELDS = [("stage", pa.string()), ("key", pa.string()), ("offset", pa.string()), ("step", pa.int64()), ("epoch", pa.int64())]
 TOKEN_SCHEMA = pa.schema(_TOKEN_FIELDS)
 _INTENT = ""  # the key of a sink's record of where its target stood before a step's first attempt
+_EPOCH = "_epoch"  # the stage of the record of the newest epoch kept when its tokens are pruned
 
 
 class StaleEpochError(StaleWriterError):
@@ -128,6 +135,27 @@ class TokenStore:
             return rows.column("offset")[0].as_py()
         _append(self.uri, TOKEN_SCHEMA, [{"stage": stage, "key": _INTENT, "offset": mark(), "step": step, "epoch": epoch}])
         return None
+
+    def prune(self, before: int) -> int:
+        """Deletes the tokens of steps before ``before`` (the checkpointed ones: steps
+        ``< before`` are never replayed) in one commit, keeping a record of the newest epoch
+        (written first, when no token of a later step has it); returns how many rows went."""
+        table = open_table(self.uri)
+        if table is None:
+            return 0
+        rows = table.to_pyarrow_dataset().to_table(columns=["stage", "step", "epoch"])
+        old = pc.less(rows.column("step"), before)
+        if not pc.any(old).as_py():
+            return 0
+        newest = pc.max(rows.column("epoch")).as_py()
+        kept = rows.filter(pc.invert(old))
+        if not pc.any(pc.equal(kept.column("epoch"), newest)).as_py():
+            _append(self.uri, TOKEN_SCHEMA, [{"stage": _EPOCH, "key": "", "offset": "", "step": before, "epoch": newest}])
+        try:
+            metrics = open_table(self.uri).delete(f"step < {int(before)}")
+        except (CommitFailedError, OSError) as e:
+            raise StorageError(f"pruning the tokens of steps before {before} in {self.uri} failed: {e}") from e
+        return int(metrics.get("num_deleted_rows", 0))
 
 
 SINK_DEAD_LETTERS = "_sink_dead_letters"

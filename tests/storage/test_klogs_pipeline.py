@@ -1,14 +1,17 @@
 """A KLogs pipeline on the Delta state database: its sink gets, per key, what a sequential
 fold gives, across restarts (a new process's view: new Pipeline objects) and a rescale;
-the sink's Delta table holds each message once."""
+the sink's Delta table holds each message once; the vacuum prunes the tokens of
+checkpointed steps and a replay still skips the side effects done."""
 
 import json
 from collections import defaultdict
 
+import pytest
 from deltalake import DeltaTable
 
 from circuits.klogs import RECORD_SCHEMA, KLog, deploy
 from circuits.zset import from_rows
+from storage.faults import InjectedCrash
 from storage.logs import Range
 from storage.pipeline import Pipeline
 from storage.sinks import DeltaSink
@@ -49,3 +52,42 @@ def test_sums_across_restarts_and_a_rescale_are_each_written_once(spark, tmp_pat
     for row in sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: [int(o) for o in r["offset"].split(".")]):
         got[json.loads(row["key"])].append(json.loads(row["value"]))
     assert got == expected
+
+
+def test_vacuum_prunes_the_tokens_of_checkpointed_steps_and_a_replay_still_skips_side_effects(spark, tmp_path, monkeypatch):
+    root, seen = str(tmp_path / "pipeline"), []
+
+    def pipeline_def():
+        KLog.named(LOG).loop(0, add).sink(lambda k, v: seen.append((k, v)))
+
+    circuit = deploy(pipeline_def, "klogs_pruned", vnodes=4)
+    offset = 0
+
+    def submit(pipeline, step):
+        nonlocal offset
+        rows = [(json.dumps(k), json.dumps(v), 0, offset + i, None, 1) for i, (k, v) in enumerate(STEPS[step])]
+        pipeline.submit(step, {LOG: from_rows(spark, rows, RECORD_SCHEMA)}, [Range(LOG, 0, offset, offset + len(rows))])
+        offset += len(rows)
+
+    pipeline = Pipeline(spark, root, circuit)
+    for step in range(3):
+        submit(pipeline, step)
+        pipeline.run()
+    tokens = pipeline.sinks.tokens
+    assert {r["step"] for r in DeltaTable(tokens.uri).to_pyarrow_table().to_pylist()} == {0, 1, 2}
+    pipeline.vacuum()
+    assert [r for r in DeltaTable(tokens.uri).to_pyarrow_table().to_pylist() if r["step"] < 3] == []
+    submit(pipeline, 3)
+    monkeypatch.setenv("DBSP_FAULT", "after_sink:3")
+    monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
+    with pytest.raises(InjectedCrash):
+        pipeline.run()  # step 3's side effects done, not checkpointed
+    monkeypatch.delenv("DBSP_FAULT")
+    assert Pipeline(spark, root, circuit).run() == 4  # the replay of step 3 skips its completed tokens
+    totals, expected = defaultdict(int), []
+    for messages in STEPS:
+        for key, value in messages:
+            totals[key] += value
+            expected.append((key, totals[key]))
+    assert sorted(seen) == sorted(expected)
+
