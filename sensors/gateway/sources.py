@@ -44,8 +44,8 @@ from .errors import GatewayConfigError, GatewayError, SourceFailed, SourceGone, 
 log = logging.getLogger(__name__)
 
 
-class Source(ABC):
-    """A source of raw bytes driven by the executor on an event loop (see the module)."""
+class _Base(ABC):
+    """What sources of both kinds share: an id, whether they can re-read, and seeking."""
 
     rereadable: bool = False
     """Whether the source can read its bytes again from a ``position``."""
@@ -54,13 +54,6 @@ class Source(ABC):
 
     def __init__(self, source_id: str):
         self.id = source_id
-
-    async def open(self) -> None:
-        """Acquires the source's resources (a connection, a file)."""
-
-    @abstractmethod
-    async def fill(self, buffer: memoryview) -> int:
-        """Writes the next bytes into ``buffer``: how many (0 at end of stream)."""
 
     def close(self) -> None:
         """Releases the source's resources; the source may be opened again."""
@@ -75,17 +68,22 @@ class Source(ABC):
         raise GatewayError(f"source {self.id!r} cannot read its bytes again, so it cannot seek")
 
 
-class SyncSource(ABC):
+class Source(_Base):
+    """A source of raw bytes driven by the executor on an event loop (see the module)."""
+
+    async def open(self) -> None:
+        """Acquires the source's resources (a connection, a file)."""
+
+    @abstractmethod
+    async def fill(self, buffer: memoryview) -> int:
+        """Writes the next bytes into ``buffer``: how many (0 at end of stream)."""
+
+
+class SyncSource(_Base):
     """A source whose ``fill`` blocks (a blocking client library); the executor runs each on
     a thread of its own.  The contract is :class:`Source`'s, synchronous; ``close`` may be
     called from another thread while ``fill`` blocks, and should make that ``fill`` return
     or raise."""
-
-    rereadable: bool = False
-    restartable: bool = True
-
-    def __init__(self, source_id: str):
-        self.id = source_id
 
     def open(self) -> None:
         """Acquires the source's resources."""
@@ -93,16 +91,6 @@ class SyncSource(ABC):
     @abstractmethod
     def fill(self, buffer: memoryview) -> int:
         """Writes the next bytes into ``buffer``, blocking until there are some: how many (0 at end)."""
-
-    def close(self) -> None:
-        """Releases the source's resources."""
-
-    @property
-    def position(self) -> int | None:
-        return None
-
-    def seek(self, position: int) -> None:
-        raise GatewayError(f"source {self.id!r} cannot read its bytes again, so it cannot seek")
 
 
 _STOP = object()
