@@ -22,6 +22,8 @@ from .errors import StorageError
 CURSOR_SCHEMA = pa.schema(
     [("source", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("position", pa.int64())]
 )
+VACUUM_EVERY = 100
+"""Commits between two vacuums of the cursor table."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class CursorStore:
         try:
             table = ensure_table(self.uri, CURSOR_SCHEMA)
             write_deltalake(table, pa.Table.from_pylist(rows, schema=CURSOR_SCHEMA), mode="overwrite")
+            if table.version() % VACUUM_EVERY == 0:
+                # A commit per sensor tick: the files of overwritten versions go once an hour old.
+                table.vacuum(retention_hours=1, enforce_retention_duration=False, dry_run=False)
             return table.version()
         except (CommitFailedError, OSError) as e:
             raise StorageError(f"committing {len(cursors.positions)} gateway cursors to {self.uri} failed: {e}") from e
