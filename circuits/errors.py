@@ -3,7 +3,14 @@
 Every error the engine raises on purpose derives from :class:`DbspError`.  Lower
 layers (Spark, Delta, Kafka) raise their own exceptions; each layer translates them
 at its boundary into one of these, naming what the user can act on.
+
+An error the engine's code raises on a Spark executor reaches the driver as text inside
+Spark's own exception; :func:`raised_on_executor` recovers it there.
 """
+
+from __future__ import annotations
+
+import re
 
 
 class DbspError(Exception):
@@ -28,3 +35,22 @@ class CircuitChangedError(DbspError):
 
 class SparkUnavailableError(DbspError):
     """No Spark to run steps on: the Connect server is unreachable or did not start."""
+
+
+def raised_on_executor(error: BaseException, *kinds: type[DbspError]) -> DbspError | None:
+    """The error of one of ``kinds`` that Python code on an executor raised, recovered from
+    ``error`` (the Spark exception that failed the job, or one of ours that wraps it: the
+    text of every exception in its chain is searched), or None.  Spark passes an
+    executor's Python exception on as text, ``<module>.<Name>: <message>``: the first such
+    line of a class in ``kinds`` gives the error, with that message."""
+    texts, seen, e = [], set(), error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        texts.append(str(e))
+        e = e.__cause__ or e.__context__
+    text = "\n".join(texts)
+    found = [(m.start(), kind, m.group(1)) for kind in kinds for m in [re.search(rf"\b{kind.__name__}: (.*)", text)] if m]
+    if not found:
+        return None
+    _, kind, message = min(found, key=lambda f: f[0])
+    return kind(message.strip())

@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 
 from .circuit import Checked, Circuit
 from .context import StepContext
-from .errors import CircuitChangedError, SchemaMismatchError
+from .errors import CircuitChangedError, SchemaMismatchError, raised_on_executor
 from .sharding import VNODE, Layout
 from .spark import COMPILED, INTERPRETED, aggregate_each
 from .state import DEST, FILE, StateStore, pack
@@ -67,6 +67,7 @@ class StepRunner:
         small_step_rows: int = SMALL_STEP_ROWS,
     ) -> None:
         self.circuit = circuit
+        self._executor_errors = tuple(dict.fromkeys(k for n in circuit.nodes for k in n.operator.executor_errors))
         self.small_step_rows = small_step_rows
         self.spark = spark
         self.store = store
@@ -161,6 +162,11 @@ class StepRunner:
         parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
         try:
             stored = self.store.materialize(parts)
+        except Exception as e:  # noqa: BLE001 - Spark's text of an executor's error: ours again when it is one
+            ours = raised_on_executor(e, *self._executor_errors)
+            if ours is None:
+                raise
+            raise ours from e
         finally:
             ctx.release()
         state = {table: stored[f"{STATE}{table}"] for table in ctx.staged}

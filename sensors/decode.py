@@ -24,7 +24,6 @@ retraction, and a dead letter like an undecodable one.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,6 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from circuits.errors import raised_on_executor
 from circuits.klogs import RECORD_SCHEMA
 from circuits.zset import WEIGHT, parse_schema
 from storage.logs import DEAD_LETTER_SCHEMA, Range
@@ -255,8 +255,7 @@ def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, F
 def offsets_lost(error: BaseException) -> OffsetsLostError | None:
     """The :class:`OffsetsLostError` a read task raised, recovered from the Spark error
     that failed the job (Spark passes an executor's Python error on as text), or None."""
-    found = re.search(r"OffsetsLostError: (.*)", str(error))
-    return None if found is None else OffsetsLostError(found.group(1).strip())
+    return raised_on_executor(error, OffsetsLostError)
 
 
 def _check_config(bootstrap_servers: str, config: dict | None) -> None:

@@ -30,6 +30,10 @@ class Operator(ABC):
     keeps_append_only: ClassVar[bool] = False
     """The output stream never retracts a row while no input stream does (see
     :attr:`circuits.context.NodeContext.append_only`)."""
+    executor_errors: ClassVar[tuple[type[Exception], ...]] = ()
+    """The project's errors (:class:`circuits.errors.DbspError`) this operator's code may
+    raise on the executors: a step whose Spark job fails with one raises it (see
+    :func:`circuits.errors.raised_on_executor`), not Spark's exception."""
 
     def params(self) -> dict[str, Any]:
         return {}

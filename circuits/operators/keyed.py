@@ -12,7 +12,9 @@ several source keys that land on one key: by (timestamp, source log, partition, 
 Both operators emit a *tagged* stream: a message has a null ``reason``; a message that
 could not be handled (a retraction, or the user's function raised on it) keeps its
 ``value`` and ``ord`` and carries the ``reason`` and the ``stage``: a dead letter.  The
-user's functions run on the Spark executors, on the rows of one worker at a time.
+user's functions run on the Spark executors, on the rows of one worker at a time.  A key,
+value or state that is not JSON-serialisable raises :class:`KLogsError` there; the step
+runner raises it again in the driver (see :attr:`~circuits.operators.base.Operator.executor_errors`).
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ class Partition(Operator):
 
     name = "klog_partition"
     keeps_append_only = True
+    executor_errors = (KLogsError,)
 
     def __init__(self, stage: str, fn: Callable[[Any, Any], list]) -> None:
         self.stage = stage
@@ -177,6 +180,7 @@ class Loop(Operator):
     name = "klog_loop"
     stateful = True
     keeps_append_only = True
+    executor_errors = (KLogsError,)
 
     def __init__(self, stage: str, init: Any, fn: Callable[[Any, Any, Any], tuple[Any, list]]) -> None:
         self.stage = stage

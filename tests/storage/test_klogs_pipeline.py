@@ -10,6 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 from circuits.klogs import RECORD_SCHEMA, KLog, deploy
+from circuits.operators.keyed import KLogsError
 from circuits.zset import from_rows
 from storage.faults import InjectedCrash
 from storage.logs import Range
@@ -91,3 +92,13 @@ def test_vacuum_prunes_the_tokens_of_checkpointed_steps_and_a_replay_still_skips
             expected.append((key, totals[key]))
     assert sorted(seen) == sorted(expected)
 
+
+def test_an_unserialisable_state_fails_the_step_with_the_klogs_error(spark, tmp_path):
+    def pipeline_def():
+        KLog.named(LOG).loop(0, lambda s, k, v: ({s}, [])).sink(print)
+
+    pipeline = Pipeline(spark, str(tmp_path / "pipeline"), deploy(pipeline_def, "klogs_bad_state", vnodes=4))
+    rows = [('"k"', "1", 0, 0, None, 1)]
+    pipeline.submit(0, {LOG: from_rows(spark, rows, RECORD_SCHEMA)}, [Range(LOG, 0, 0, 1)])
+    with pytest.raises(KLogsError, match='^stage loop_1: the state of key "k" is a set, not JSON-serialisable'):
+        pipeline.run()
