@@ -33,6 +33,8 @@ The rules, with the seed's numbering (see :meth:`Distributor._decide`):
 * Moving a key (``collect``): K from ``whitelist`` to ``hold``; :class:`Collect` (K)
   downstream, operators call ``add_state``; then :class:`Acquire` (K) to ``F'(K)``, the
   buffered messages of K after it on the same channel, :class:`Drop` (K) downstream.
+* Multi-pathing: ``add_keys`` idempotent, the last ``add_state`` wins, the first ``take``
+  wins, and (not in the seed, by the same argument) the first copy of Drop drops.
 * Done: ``whitelist`` and ``hold`` empty -> :class:`Done` to every worker; ``finished ==
   W`` -> one layout again, ``F'``.
 * The version rule, always: a data message whose version is higher than the receiver's is
@@ -201,6 +203,17 @@ class Acquire(IcaddMessage):
 @dataclass(eq=False)
 class Drop(IcaddMessage):
     key: str = ""
+    dropped: set[str] = field(default_factory=set)
+
+    def drop(self, operator: str) -> bool:
+        """Whether the operator drops its state for K now: on the first copy only.  Not in the
+        seed, the same argument as for ``take``: a later copy may come after the key has come
+        back in a later migration (an Acquire queued behind this Drop on another path) and
+        must not drop the state that came back."""
+        if operator in self.dropped:
+            return False
+        self.dropped.add(operator)
+        return True
 
 
 ICADD_DOWNSTREAM: Final = (Interrogate, Collect, Acquire, Drop)
@@ -316,6 +329,11 @@ class Distributor:
         return self.old.layout
 
     @property
+    def migration(self) -> int:
+        """The version the current or next migration leads to."""
+        return self.version + (self.phase in (Phase.STEADY, Phase.INTERROGATE))
+
+    @property
     def moved(self) -> list[str]:
         """The keys this worker handed over in the current or last migration."""
         return list(self._moved)
@@ -337,9 +355,10 @@ class Distributor:
             # The receiving worker sends Acquire(K) downstream, where operators ``take``.
             body.copies = self.paths
             return [(DOWN, body)]
-        if self.phase is Phase.STEADY and envelope.version <= self.version:
-            # A Flush of a migration that is already over here (it overtook nothing: the
-            # barrier closed without it); a worker that has not begun yet has a lower version.
+        if envelope.version != self.migration:
+            # Done, Flush and Drained of a migration are sent at its new version.  One of a
+            # migration already over here is stale (a Flush that arrives after the barrier
+            # closed): ignored.  One for the migration this worker has not begun yet counts.
             return []
         if isinstance(body, Done):
             self.finished.add(body.worker)

@@ -151,18 +151,21 @@ def test_multi_pathing():
 # -- the simulator -----------------------------------------------------------------------------
 
 @st.composite
-def scenarios(draw: Callable, keys: tuple[int, int] = (1, 8), messages: tuple[int, int] = (0, 6),
-              rescale_only: bool = False) -> Scenario:
-    """``W, W'`` in 1..5, source ids, message counts, producers in ``W'``, 1 or 2 downstream
-    paths, how much flows before the trigger, and the scheduler's seed."""
-    workers = draw(st.integers(1, 5))
-    new_workers = draw(st.integers(1, 5).filter(lambda n: n != workers) if rescale_only else st.integers(1, 5))
+def scenarios(draw: Callable, migrations: tuple[int, int] = (1, 3), keys: tuple[int, int] = (1, 8),
+              messages: tuple[int, int] = (0, 6), rescale_only: bool = False) -> Scenario:
+    """``W, W', ...`` in 1..5 (one to three migrations in a row), source ids, message
+    counts, producers in every layout, 1 or 2 downstream paths, how much flows before each
+    trigger, and the scheduler's seed."""
+    sizes = [draw(st.integers(1, 5))]
+    for _ in range(draw(st.integers(*migrations))):
+        size = st.integers(1, 5)
+        sizes.append(draw(size.filter(lambda n: n != sizes[-1]) if rescale_only else size))
     ids = draw(st.lists(st.integers(0, 999).map(lambda i: f"src-{i}"), min_size=keys[0], max_size=keys[1],
                         unique=True))
     return Scenario(
-        workers, new_workers, tuple(ids),
+        tuple(sizes), tuple(ids),
         messages=tuple(draw(st.integers(*messages)) for _ in ids),
-        producers=tuple(draw(st.integers(0, new_workers - 1)) for _ in ids),
+        producers=tuple(draw(st.integers(0, min(sizes) - 1)) for _ in ids),
         paths=draw(st.integers(1, 2)),
         trigger=draw(st.integers(0, 10)),
         seed=draw(st.integers(0, 2**32 - 1)),
@@ -180,7 +183,7 @@ def test_every_migration_keeps_the_invariants_and_terminates():
         result = simulate(scenario)
         seen.update(result.counts)
         seen["runs"] += 1
-        seen["keys moved"] += sum(len(keys) for keys in result.moved.values())
+        seen["keys moved"] += len(result.moved)
         target(float(result.counts["version.pingpong"]), label="ping-pong 2")
         target(float(result.counts["rule3.sender"]), label="ping-pong 1")
 
@@ -191,6 +194,15 @@ def test_every_migration_keeps_the_invariants_and_terminates():
           f"switch-barrier waits: {seen['barrier.wait']}")
     assert seen["rule3.sender"] > 0 and seen["version.pingpong"] > 0
     assert seen["keys moved"] > 0 and seen["barrier.wait"] > 0
+
+
+def test_the_live_sequence_2_3_1():
+    """The live test's rescale, 2 -> 3 -> 1, with many sources and data all along."""
+    ids = tuple(f"file-{i:03d}.log" for i in range(60))
+    for seed in range(5):
+        result = simulate(Scenario((2, 3, 1), ids, messages=(5,) * len(ids), producers=(0,) * len(ids),
+                                   paths=2, trigger=40, seed=seed), max_steps=100_000)
+        assert len(result.moved) > len(ids) // 2  # ~1/3 move to the new worker, then all but w0's to w0
 
 
 MUTATIONS = [
@@ -215,7 +227,7 @@ def test_each_rule_is_needed(rule: str, check_pingpong: bool, kind: str):
             return violation.kind == kind
         return False
 
-    example = find(scenarios(keys=(3, 10), messages=(2, 8), rescale_only=True), breaks,
+    example = find(scenarios(migrations=(1, 1), keys=(3, 10), messages=(2, 8), rescale_only=True), breaks,
                    settings=settings(max_examples=400, deadline=None, database=None, phases=[HPhase.generate],
                                      suppress_health_check=list(HealthCheck)))
     with pytest.raises(Violation, match=f"^{kind}: "):
