@@ -312,7 +312,6 @@ class Distributor:
         self.counts: Counter[str] = Counter()
         """How often each rule applied: ``rule1.1``, ``rule3.sender`` (ping-pong 1),
         ``version.pingpong`` (ping-pong 2) and so on."""
-        self._collecting: dict[str, Collect] = {}
         self._moved: list[str] = []
         self._flushed: set[int] = set()
         """Workers whose Flush reached us: what they send now is routed by ``F'``."""
@@ -337,6 +336,21 @@ class Distributor:
     def moved(self) -> list[str]:
         """The keys this worker handed over in the current or last migration."""
         return list(self._moved)
+
+    def status(self) -> dict[str, Any]:
+        """What ``dbsp gateway status`` shows of the distributor."""
+        return {
+            "worker": self.me,
+            "phase": self.phase.value,
+            "version": self.version,
+            "workers": self.old.layout.workers,
+            "to_workers": self.new.layout.workers if self.new else None,
+            "whitelist": len(self.whitelist),
+            "hold": len(self.hold),
+            "finished": sorted(self.finished),
+            "moved": len(self._moved),
+            "waiting": len(self._waiting),
+        }
 
     def offer(self, item: Data | IcaddMessage) -> Out:
         """A message from the local upstream.  An ICADD message there comes from a previous
@@ -399,9 +413,7 @@ class Distributor:
         key = key if key is not None else min(self.whitelist)
         self.whitelist.remove(key)
         self.hold[key] = []
-        message = Collect(copies=self.paths, key=key)
-        self._collecting[key] = message
-        return [(DOWN, message)]
+        return [(DOWN, Collect(copies=self.paths, key=key))]
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -487,7 +499,6 @@ class Distributor:
         arrive after the state), Drop(K) downstream."""
         assert self.new is not None
         key = collect.key
-        del self._collecting[key]
         owner = self.new.worker(key)
         out: Out = [(owner, self._envelope(Acquire(key=key, states=dict(collect.states))))]
         out += [(owner, self._envelope(data)) for data in self.hold.pop(key)]
@@ -529,13 +540,10 @@ class Distributor:
     def _must_wait(self, sender: int, data: Data) -> bool:
         """Addition ``switch_barrier``: a message whose route changed at its sender's switch
         waits here until every old worker has forwarded what it got on the old routes."""
-        if not self.rules.switch_barrier or self._barrier_closed_for_waiting():
+        if not self.rules.switch_barrier or (self.phase is Phase.SWITCH and self._barrier_closed()):
             return False
         switched = sender in self._flushed if sender != self.me else self.phase is Phase.SWITCH
         return switched and self.old.worker(data.key) != sender
-
-    def _barrier_closed_for_waiting(self) -> bool:
-        return self.phase is Phase.SWITCH and self._barrier_closed()
 
     def _finish(self) -> Out:
         """The barrier is closed: release what waited (routed by ``F'``).  Once this worker
