@@ -19,6 +19,11 @@ version).  Whoever calls it delivers them: the simulator (:mod:`.icadd_sim`) or 
 gateway.  It assumes, like the seed, FIFO channels: between two workers (per ordered
 pair) and along each downstream path.
 
+What the caller must also do: start one migration at a time (the next ``begin`` only once
+every worker is back in ``STEADY``); create a joining worker with the current layout and
+version; stop a leaving worker only once it is ``STEADY`` and nothing is on its way to or
+from it; hand every worker of ``W | W'`` the same new layout.
+
 The rules, with the seed's numbering (see :meth:`Distributor._decide`):
 
 * Before and after a migration, one layout: ``F(K) == Local`` -> downstream, else -> ``F(K)``.
@@ -35,8 +40,11 @@ The rules, with the seed's numbering (see :meth:`Distributor._decide`):
   buffered messages of K after it on the same channel, :class:`Drop` (K) downstream.
 * Multi-pathing: ``add_keys`` idempotent, the last ``add_state`` wins, the first ``take``
   wins, and (not in the seed, by the same argument) the first copy of Drop drops.
-* Done: ``whitelist`` and ``hold`` empty -> :class:`Done` to every worker; ``finished ==
-  W`` -> one layout again, ``F'``.
+* Done: ``whitelist`` and ``hold`` empty -> :class:`Done` to every worker of ``W | W'``;
+  ``finished == W`` -> ``F' != Local`` -> ``F'(K)``, ``F' == Local`` -> downstream; then
+  the sets are dropped and ``F`` forgotten.  Done (and Flush, Drained) carry the version
+  of their migration: one of a migration already over at the receiver is ignored, one
+  that arrives before the trigger counts.
 * The version rule, always: a data message whose version is higher than the receiver's is
   passed downstream (ping-pong 2).
 * Regions: ICADD messages coming from upstream (a previous region) are discarded.
@@ -55,9 +63,14 @@ what breaks without it:
   to every worker (by FIFO, everything that reached it along an old route has been
   forwarded).  A message whose route changes at the switch (sent by a switched worker ``S``
   with ``F(K) != S``, or produced here after the switch with ``F(K) != Local``) waits until
-  every other old worker is Drained.  Without it a message sent directly after the
-  switch overtakes one still travelling through the old owner, or reaches a new worker
-  before the key's :class:`Acquire`.
+  every other old worker is Drained; the old owner's own route to ``F'(K)`` does not
+  change, so its messages never wait.  Drained waits for Flushes only, never for waiting
+  messages, so the barrier cannot deadlock.  The migration ends at a worker once it has
+  every other old worker's Drained and has sent its own.  Without the barrier a message
+  sent directly after the switch overtakes one still travelling through the old owner
+  (the old routes: third worker -> ``F(K)`` -> ``F'(K)``, and ``F'(K)`` -> ``F(K)`` ->
+  ``F'(K)`` by rule 3), or reaches a new worker that has not begun before the key's
+  :class:`Acquire` (the version rule passes it).
 """
 
 from __future__ import annotations
