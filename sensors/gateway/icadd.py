@@ -229,8 +229,6 @@ class Drop(IcaddMessage):
         return True
 
 
-ICADD_DOWNSTREAM: Final = (Interrogate, Collect, Acquire, Drop)
-
 
 @dataclass(frozen=True)
 class Done:
