@@ -229,7 +229,6 @@ class Drop(IcaddMessage):
         return True
 
 
-
 @dataclass(frozen=True)
 class Done:
     """``Done(WorkerId)``: the worker has no more state to give."""
