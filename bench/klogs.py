@@ -48,6 +48,7 @@ def messages(spark, first: int, count: int, keys: int):
         (i % 100).cast("string").alias("value"),
         F.lit(0).alias("partition"),
         i.alias("offset"),
+        F.lit(None).cast("bigint").alias("timestamp"),  # none: the order falls back to the offsets
         F.lit(1).cast("bigint").alias("_weight"),
     )
 
