@@ -12,6 +12,7 @@ gateway dies are lost (the device's connection breaks; it reconnects to the new 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import threading
@@ -62,6 +63,7 @@ class Gateway:
         self._rereadable: dict[str, bool] = {}
         self._resume: dict[tuple[str, str], int] = {}
         self._failed: list[str] = []
+        self._idle_flush: concurrent.futures.Future | None = None
         self._lock = threading.Lock()
         self.listeners: dict[str, str] = {}  # TCP group: the address it listens on
         self.started_at = time.time()
@@ -77,8 +79,14 @@ class Gateway:
             self._start_group(group)
         # Demand-based flush (seed 004): when the broker has acknowledged everything, the
         # partly filled buffers go out (and, while it stays so, every fill: see ``idle``).
-        self.delivery.on_idle(self.executor.flush)
+        self.delivery.on_idle(self._flush_when_idle)
         self.control.start(self.home)
+
+    def _flush_when_idle(self) -> None:
+        # One at a time: a flush walks every source, and with thousands of them, notices
+        # arriving faster than flushes finish would pile flushes up on the loop.
+        if self._idle_flush is None or self._idle_flush.done():
+            self._idle_flush = self.executor.flush()
 
     def stop(self) -> None:
         """Stops reading, delivers what was read, commits the cursors."""

@@ -33,6 +33,16 @@ def instance():
         yield instance
 
 
+@pytest.fixture
+def gateways():
+    """The gateway processes a test starts: killed at its end, whatever happened."""
+    started: list[GatewayProcess] = []
+    yield started
+    for gateway in started:
+        if gateway.process is not None and gateway.process.poll() is None:
+            gateway.kill()
+
+
 def wait_until(predicate, what, timeout: float = 120.0) -> None:
     """Waits for ``predicate``; ``what`` (or ``what()``) says what the failure lacked."""
     deadline = time.monotonic() + timeout
@@ -74,7 +84,7 @@ def lines(rows: list[dict]) -> bytes:
 
 
 def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kill(
-    spark_resource, spark, broker, tmp_path, instance, monkeypatch
+    spark_resource, spark, broker, tmp_path, instance, monkeypatch, gateways
 ):
     home = str(tmp_path / "home")
     monkeypatch.setenv("DBSP_HOME", home)  # the sensor finds the gateway here
@@ -93,6 +103,7 @@ def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kil
     config = tmp_path / "dbsp.yaml"
     config.write_text(yaml.safe_dump(settings))
     gateway = GatewayProcess(str(config), home, str(tmp_path / "gateway.out"))
+    gateways.append(gateway)
     gateway.start()
 
     records = nexmark_records(0, 12_000)
