@@ -250,9 +250,12 @@ def _daemons_note(project) -> str:
 
 
 def gateway(args: argparse.Namespace) -> int:
-    """``dbsp gateway``: runs the source gateway until interrupted; ``status``: its figures."""
+    """``dbsp gateway``: runs the source gateway until interrupted; ``status``: its figures;
+    ``rescale --workers N``: moves the running gateway's sources to N I/O threads (ICADD)."""
     if args.action == "status":
         return _gateway_status(args)
+    if args.action == "rescale":
+        return _gateway_rescale(args)
     project = load_project(args.config)
     if not project.sources:
         raise DbspError("the configuration has no sources: add a sources: section to dbsp.yaml (see dbsp.example.yaml)")
@@ -297,6 +300,7 @@ def _gateway_status(args: argparse.Namespace) -> int:
         return 0
     print(f"gateway pid {figures['pid']} at {url}, up {figures['uptime_seconds']} s, {figures['threads']} I/O thread(s)")
     print(_gateway_line(figures))
+    _print_workers(figures.get("workers", []))
     table = Table("source", "status", "bytes", "acked", "buffers", "waits", "errors", "last error")
     ranked = sorted(figures["sources"].items(), key=lambda item: (-item[1]["errors"], -item[1]["bytes"], item[0]))
     for name, f in ranked[: args.limit]:
@@ -306,6 +310,29 @@ def _gateway_status(args: argparse.Namespace) -> int:
     Console(width=max(Console().width, 140)).print(table)
     if len(ranked) > args.limit:
         print(f"({len(ranked) - args.limit} more sources; --limit N or --json shows them)")
+    return 0
+
+
+def _print_workers(workers: list[dict]) -> None:
+    for w in workers:
+        to = f" -> {w['to_workers']} workers" if w.get("to_workers") else ""
+        print(f"  worker {w['worker']}: {w['phase']}{to}, version {w.get('version')}, {w.get('sources', 0)} sources, "
+              f"whitelist {w.get('whitelist', 0)}, hold {w.get('hold', 0)}, keys moved {w.get('moved', 0)}")
+
+
+def _gateway_rescale(args: argparse.Namespace) -> int:
+    url = running_url(home("gateway"))
+    if url is None:
+        print(f"dbsp gateway rescale: no gateway runs for DBSP_HOME={home()}; start one with: dbsp gateway", file=sys.stderr)
+        return 1
+    if args.workers is None or args.workers < 1:
+        print("dbsp gateway rescale: give --workers N (1 or more)", file=sys.stderr)
+        return 2
+    answer = call(url, f"/rescale?workers={args.workers}", timeout=120)
+    r = answer["rescale"]
+    print(f"gateway rescaled {r['from']} -> {r['to']} workers (version {r['version']}): {r['moved']} sources moved "
+          f"in {r['seconds']} s")
+    _print_workers(answer["workers"])
     return 0
 
 
@@ -351,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         commands.choices[name].add_argument("--pipeline", help="pipeline name (default: the first configured)")
     commands.choices["recover"].add_argument("--break-lease", action="store_true", help="take the lease from a run that died")
 
-    g = commands.add_parser("gateway", help="run the source gateway (the configured sources into Kafka), or show its status")
-    g.add_argument("action", nargs="?", choices=["run", "status"], default="run")
+    g = commands.add_parser("gateway", help="run the source gateway (the configured sources into Kafka), show its status, or rescale it")
+    g.add_argument("action", nargs="?", choices=["run", "status", "rescale"], default="run")
+    g.add_argument("--workers", type=int, help="I/O threads to move the running gateway's sources to (rescale)")
     g.add_argument("--report-every", type=float, default=10.0, help="seconds between progress lines (run)")
     g.add_argument("--limit", type=int, default=30, help="sources to list (status)")
     g.add_argument("--json", action="store_true", help="print the figures as JSON (status)")

@@ -7,7 +7,9 @@ partly filled buffer, waits until the broker acknowledged everything produced, c
 cursors and answers the figures; the sensor calls it just before it reads the end offsets
 to cut a step, so the step holds every record the gateway had read (the demand-based flush
 of seed 004: a partial buffer waits for a step that needs it, never for a timer).
-``GET /status`` answers the figures alone.
+``GET /status`` answers the figures alone.  ``POST /rescale?workers=N`` moves the sources to
+N I/O threads while they run (ICADD, :mod:`.workers`) and answers once it is over; it is
+refused (500, saying why) while a migration runs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,17 +31,21 @@ STATE_FILE = "gateway.json"
 class ControlServer:
     """Serves ``flush`` (POST /flush) and ``status`` (GET /status) on a thread of its own."""
 
-    def __init__(self, host: str, port: int, flush: Callable[[], dict], status: Callable[[], dict]) -> None:
+    def __init__(self, host: str, port: int, flush: Callable[[], dict], status: Callable[[], dict],
+                 rescale: Callable[[int], dict] | None = None) -> None:
         routes = {("POST", "/flush"): flush, ("GET", "/status"): status}
+        if rescale is not None:
+            routes[("POST", "/rescale")] = lambda workers: rescale(int(workers))
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self, method: str) -> None:
-                route = routes.get((method, self.path))
+                parts = urllib.parse.urlsplit(self.path)
+                route = routes.get((method, parts.path))
                 if route is None:
-                    self.send_error(404, "POST /flush or GET /status")
+                    self.send_error(404, "POST /flush, GET /status or POST /rescale?workers=N")
                     return
                 try:
-                    code, body = 200, route()
+                    code, body = 200, route(**dict(urllib.parse.parse_qsl(parts.query)))
                 except Exception as e:  # the caller sees why, the gateway keeps serving
                     code, body = 500, {"error": f"{type(e).__name__}: {e}"}
                 data = json.dumps(body).encode()
@@ -99,8 +106,8 @@ def running_url(home: str) -> str | None:
 
 
 def call(url: str, path: str, timeout: float) -> dict:
-    """``POST /flush`` or ``GET /status`` of the gateway at ``url``."""
-    method = "POST" if path == "/flush" else "GET"
+    """``POST /flush``, ``GET /status`` or ``POST /rescale?workers=N`` of the gateway at ``url``."""
+    method = "GET" if path == "/status" else "POST"
     request = urllib.request.Request(url + path, method=method, data=b"" if method == "POST" else None)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

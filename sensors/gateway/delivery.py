@@ -116,6 +116,18 @@ class Delivery:
         with self._lock:
             self._sources.pop(source, None)
 
+    def tail(self, source: str) -> tuple[bytes, bool]:
+        """The bytes kept after the source's last newline, and whether they continue a long record."""
+        with self._lock:
+            state = self._sources[source]
+            return state.tail, state.long_record
+
+    def resume(self, source: str, tail: bytes, long_record: bool) -> None:
+        """The source goes on (on another worker) with the kept bytes it had."""
+        with self._lock:
+            state = self._sources[source]
+            state.tail, state.long_record = tail, long_record
+
     def rewind(self, source: str, position: int) -> None:
         """The source reads again from ``position``: what was kept of its bytes is dropped."""
         with self._lock:

@@ -149,8 +149,9 @@ class AsyncSourceExecutor:
         for io in self._threads:
             io.thread.start()
 
-    def add(self, source: Source | SyncSource) -> None:
-        """Runs ``source`` (a :class:`SyncSource` on a thread of its own); raises the pool's
+    def add(self, source: Source | SyncSource, thread: int | None = None) -> None:
+        """Runs ``source`` (a :class:`SyncSource` on a thread of its own) on I/O thread
+        ``thread`` (None: the one with the fewest sources); raises the pool's
         :class:`GatewayConfigError` when it has no room for one more source."""
         if isinstance(source, SyncSource):
             source = ThreadedSource(source)
@@ -159,8 +160,10 @@ class AsyncSourceExecutor:
                 raise GatewayError(f"source {source.id!r} added to a stopped executor")
             if source.id in self._runners:
                 raise GatewayError(f"source {source.id!r} is already running")
+            if thread is not None and not 0 <= thread < len(self._threads):
+                raise GatewayError(f"source {source.id!r} added to I/O thread {thread} of {len(self._threads)}")
             self.pool.register(source.id)
-            io = min(self._threads, key=lambda t: t.sources)
+            io = self._threads[thread] if thread is not None else min(self._threads, key=lambda t: t.sources)
             io.sources += 1
             runner = self._runners[source.id] = _Runner(source, io)
         try:
@@ -205,6 +208,37 @@ class AsyncSourceExecutor:
         """Runs ``coroutine`` (a listener's or a watcher's ``run()``) on I/O thread
         ``thread``'s loop until it ends or the executor stops."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._threads[thread].loop)
+
+    def add_thread(self) -> int:
+        """One more I/O thread (started if the executor is): its index."""
+        with self._lock:
+            if self._stopped:
+                raise GatewayError("I/O thread added to a stopped executor")
+            io = _IoThread(len(self._threads))
+            self._threads.append(io)
+            started = self._started
+        if started:
+            io.thread.start()
+        return io.index
+
+    def remove_thread(self, timeout: float = 10.0) -> None:
+        """Stops the last I/O thread, which must have no sources left (its submitted
+        coroutines are cancelled)."""
+        with self._lock:
+            if len(self._threads) == 1 or self._threads[-1].sources:
+                raise GatewayError(f"the last I/O thread cannot stop: {len(self._threads)} thread(s), "
+                                   f"{self._threads[-1].sources} source(s) on it")
+            io = self._threads.pop()
+            started = self._started and not self._stopped
+        if started:
+            asyncio.run_coroutine_threadsafe(_shutdown(), io.loop).result(timeout)
+            io.loop.call_soon_threadsafe(io.loop.stop)
+            io.thread.join(timeout)
+        io.loop.close()
+
+    def loop(self, thread: int) -> asyncio.AbstractEventLoop:
+        """The event loop of I/O thread ``thread``."""
+        return self._threads[thread].loop
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stops every source (partly filled buffers are delivered: stop the consumer after)

@@ -27,7 +27,8 @@ from .delivery import Delivery, acknowledged_since
 from .errors import GatewayError
 from .executor import FAILED, FINISHED, GONE, REPLACED, AsyncSourceExecutor
 from .pool import BufferPool
-from .sources import DirectoryWatcher, GeneratorSource, HttpPollSource, Source, TcpListener
+from .sources import GeneratorSource, HttpPollSource, Source, TcpListener
+from .workers import Moving, RoutedWatcher, Workers
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,13 @@ class Gateway:
         self._resume: dict[tuple[str, str], int] = {}
         self._failed: list[str] = []
         self._idle_flush: concurrent.futures.Future | None = None
+        self._moving: dict[str, Moving] = {}
         self._lock = threading.Lock()
+        # Each I/O thread is an ICADD worker: sources are placed by F(K, W) and move on rescale.
+        self.workers = Workers(self.executor, spec.io_threads, on_moving=self._moved_here, delivery=self.delivery)
         self.listeners: dict[str, str] = {}  # TCP group: the address it listens on
         self.started_at = time.time()
-        self.control = ControlServer(spec.control_host, spec.control_port, self.flush, self.status)
+        self.control = ControlServer(spec.control_host, spec.control_port, self.flush, self.status, self.rescale)
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -75,6 +79,7 @@ class Gateway:
         committed = self.cursors.load()
         self._resume = resume_positions(committed, acknowledged_since(*self._kafka, committed.read_back, self.timeout))
         self.executor.start()
+        self.workers.start()
         for group in self.groups:
             self._start_group(group)
         # Demand-based flush (seed 004): when the broker has acknowledged everything, the
@@ -90,6 +95,7 @@ class Gateway:
 
     def stop(self) -> None:
         """Stops reading, delivers what was read, commits the cursors."""
+        self.workers.stop()
         self.executor.stop(self.timeout)
         self.delivery.close(self.timeout)
         self.cursors.commit(self.delivery.cursors())
@@ -106,9 +112,15 @@ class Gateway:
         version = self.cursors.commit(self.delivery.cursors())
         return self.status() | {"flush_seconds": round(time.perf_counter() - began, 4), "cursor_version": version}
 
+    def rescale(self, workers: int) -> dict:
+        """Moves the sources to ``workers`` I/O threads while they run (ICADD, see
+        :mod:`.workers`); refused while a migration runs.  Returns its figures."""
+        return {"rescale": self.workers.rescale(workers, self.timeout * 2), "workers": self.workers.status()}
+
     def status(self) -> dict:
         """Per source: status, thread, bytes read and acknowledged, buffers, waits for a
-        buffer, errors; the pool's figures; the listeners' addresses."""
+        buffer, errors; the pool's figures; the listeners' addresses; each worker's
+        distributor (phase, version, whitelist and hold sizes, keys moved)."""
         stats = self.executor.stats()
         delivered = self.delivery.stats()
         sources = {name: figures | delivered.get(name, {}) for name, figures in stats["sources"].items()}
@@ -119,6 +131,9 @@ class Gateway:
             "pool": stats["pool"],
             "listeners": dict(self.listeners),
             "delivery_failures": list(self._failed),
+            "workers": self.workers.status(),
+            "migrating": self.workers.migrating,
+            "migrations": list(self.workers.migrations),
             "sources": sources,
         }
 
@@ -126,8 +141,8 @@ class Gateway:
 
     def _start_group(self, group: SourceSpec) -> None:
         if isinstance(group, FilesSpec):
-            watcher = DirectoryWatcher(group.directory, self._adder(group.topic), pattern=group.pattern,
-                                       poll_interval=group.poll_interval)
+            watcher = RoutedWatcher(group.directory, self._adder(group.topic), self.workers, pattern=group.pattern,
+                                    poll_interval=group.poll_interval)
             self.executor.submit(watcher.run())
         elif isinstance(group, TcpSpec):
             listener = TcpListener(group.host, group.port, self._adder(group.topic), prefix=group.name)
@@ -146,7 +161,7 @@ class Gateway:
                 self._topic_of[source.id] = topic
                 if hasattr(source, "path"):
                     self._topic_of[source.path] = topic  # for its later generations
-            self.executor.add(source)
+            self.workers.add(source)  # started by its owner, F(K, W)
 
         return add
 
@@ -154,11 +169,19 @@ class Gateway:
         """Before a source reads: it resumes at its cursor, and delivery tracks it."""
         with self._lock:
             topic = self._topic_of.get(source.id) or self._topic_of[getattr(source, "path")]
+            moving = self._moving.pop(source.id, None)
+        if moving is not None:  # moved from another worker: delivery goes on with its tail
+            self.delivery.resume(source.id, moving.tail, moving.long_record)
+            return
         position = 0
         if source.rereadable:
             position = self._resume.get((topic, source.id), 0)
             source.seek(position)
         self.delivery.add(source.id, topic, position, source.rereadable)
+
+    def _moved_here(self, source_id: str, moving: Moving) -> None:
+        with self._lock:
+            self._moving[source_id] = moving
 
     def _status(self, source_id: str, status: str, error: str | None) -> None:
         # A source that ended for good sends its unterminated last record as it is; one

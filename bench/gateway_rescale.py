@@ -1,0 +1,92 @@
+"""Live rescale of the gateway's workers (ICADD, seed 001, issue 16) against a stop-the-world
+rescale, in the same run against the same bundled tansu broker.
+
+The scenario is the live test's (``tests/sensors/gateway/test_rescale_live.py``,
+:func:`grow_and_rescale`): ``--sources`` files, each growing by ``--rounds`` lines per
+second, through a gateway rescaled 2 -> 3 -> 1 I/O threads, once with ICADD
+(``Gateway.rescale``: only the moving sources stop, one Collect / Acquire each) and once
+stopping the world (every source stops, the layout changes, every source restarts at its
+cursor on its new owner).  Each line carries its write time; a consumer tailing the topic
+notes when it sees it.  Printed per mode:
+
+* the migrations' wall time and keys moved;
+* the stall: for the lines in flight during a migration (written before its end, seen
+  after its trigger), the max and p99 of write -> seen in the topic, and p50 and p99 of
+  all the other lines (the floor: the directory scan every 20 ms, the demand flush, the
+  broker round trip);
+* the throughput dip: lines seen per 100 ms, the lowest bucket from the trigger to 0.5 s
+  after the end, against the median bucket outside the migrations.
+
+Usage: ``.venv/bin/python bench/gateway_rescale.py [--sources 1000] [--rounds 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sensors.broker import LocalBroker  # noqa: E402
+from tests.sensors.gateway.test_rescale_live import grow_and_rescale  # noqa: E402
+
+BUCKET = 100_000_000  # ns
+
+
+def figures(result: dict) -> dict:
+    windows = [(a, b) for a, b, _ in result["windows"]]
+
+    def during(t: int, slack: int = 0) -> bool:
+        return any(a <= t <= b + slack for a, b in windows)
+
+    def crossing(wrote: int, seen: int) -> bool:  # in flight at some moment of a migration
+        return any(wrote <= b and seen >= a for a, b in windows)
+
+    stalls = sorted((seen - wrote) / 1e6 for wrote, seen in result["seen"] if crossing(wrote, seen))
+    others = sorted((seen - wrote) / 1e6 for wrote, seen in result["seen"] if not crossing(wrote, seen))
+    buckets: dict[int, int] = {}
+    for _, seen in result["seen"]:
+        buckets[seen // BUCKET] = buckets.get(seen // BUCKET, 0) + 1
+    first, last = min(buckets), max(buckets)
+    series = {b: buckets.get(b, 0) for b in range(first + 2, last - 1)}  # whole buckets only
+    dip = [n for b, n in series.items() if during(b * BUCKET, 500_000_000) or during(b * BUCKET + BUCKET - 1)]
+    steady = [n for b, n in series.items() if not (during(b * BUCKET, 500_000_000) or during(b * BUCKET + BUCKET - 1))]
+    return {
+        "migrations": [(f["from"], f["to"], f["moved"], f["seconds"]) for _, _, f in result["windows"]],
+        "lines": result["lines"],
+        "during": len(stalls),
+        "stall_max_ms": round(stalls[-1], 1) if stalls else None,
+        "stall_p99_ms": round(stalls[int(0.99 * (len(stalls) - 1))], 1) if stalls else None,
+        "other_p50_ms": round(statistics.median(others), 1) if others else None,
+        "other_p99_ms": round(others[int(0.99 * (len(others) - 1))], 1) if others else None,
+        "steady_lines_per_100ms": statistics.median(steady) if steady else None,
+        "lowest_lines_per_100ms": min(dip) if dip else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sources", type=int, default=1000)
+    parser.add_argument("--rounds", type=float, default=2.0, help="lines per second per file")
+    parser.add_argument("--settle", type=float, default=1.5, help="seconds before, between and after the migrations")
+    args = parser.parse_args()
+    with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        for name, stopped in (("icadd", False), ("stop-the-world", True)):
+            result = grow_and_rescale(broker.bootstrap, Path(tmp) / name, sources=args.sources, stopped=stopped,
+                                      rounds=args.rounds, settle=args.settle)
+            f = figures(result)
+            moves = ", ".join(f"{a}->{b}: {m} moved in {s * 1000:.0f} ms" for a, b, m, s in f["migrations"])
+            print(f"{name:15s} {moves}; {f['lines']} lines, every one once and in order")
+            print(f"{'':15s} lines in flight during the migrations: {f['during']}, write->seen max {f['stall_max_ms']} ms, "
+                  f"p99 {f['stall_p99_ms']} ms (the other lines: p50 {f['other_p50_ms']} ms, p99 {f['other_p99_ms']} ms); "
+                  f"lines seen per 100 ms: "
+                  f"{f['steady_lines_per_100ms']} steady, {f['lowest_lines_per_100ms']} lowest around the migrations",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

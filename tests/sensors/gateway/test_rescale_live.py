@@ -1,0 +1,243 @@
+"""Live rescale of the gateway's workers with ICADD (seed 001, issue 16) against the real
+broker: file sources in a growing directory while the gateway goes 2 -> 3 -> 1 I/O
+threads; every line lands once and in order per file, and every source ends on its owner
+under the last layout.  :func:`grow_and_rescale` is also the scenario of
+``bench/gateway_rescale.py`` (stall and throughput against a stop-the-world rescale)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from dagster_project import cli
+from dagster_project.config import HOME_ENV
+from sensors.broker import ensure_topics, local_producer_config
+from sensors.gateway.config import FilesSpec, GatewaySpec
+from sensors.gateway.control import call
+from sensors.gateway.errors import GatewayError
+from sensors.gateway.gateway import Gateway
+from sensors.gateway.icadd import Placement
+from sensors.kafka import consumer_config
+from tests.sensors.gateway.test_gateway import lines_in, wait_until
+
+
+class Writer(threading.Thread):
+    """Appends ``<file> <n> <time_ns>`` lines, one to each file per round, ``rounds`` rounds
+    per second, until stopped; ``written`` keeps them per path."""
+
+    def __init__(self, paths: list[str], rounds: float):
+        super().__init__(name="writer", daemon=True)
+        self.paths, self.rounds = paths, rounds
+        self.written: dict[str, list[bytes]] = {p: [] for p in paths}
+        self.halt = threading.Event()
+
+    def round(self) -> None:
+        for i, path in enumerate(self.paths):
+            line = f"{i} {len(self.written[path])} {time.time_ns()}".encode()
+            with open(path, "ab") as f:
+                f.write(line + b"\n")
+            self.written[path].append(line)
+
+    def run(self) -> None:
+        start = time.monotonic()
+        n = 0
+        while not self.halt.is_set():
+            self.round()
+            n += 1
+            self.halt.wait(max(0.0, start + n / self.rounds - time.monotonic()))
+
+
+class Tail(threading.Thread):
+    """Reads the topic as it fills: when each line was seen (the time it was delivered)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int):
+        super().__init__(name="tail", daemon=True)
+        self.consumer = Consumer(consumer_config(bootstrap, {"fetch.wait.max.ms": 5}))
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.seen: list[tuple[int, int]] = []
+        """(written ns, seen ns) per line."""
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                for m in self.consumer.consume(1000, 0.05):
+                    if m.error() is not None:
+                        continue
+                    now = time.time_ns()
+                    self.seen += [(int(line.split()[2]), now) for line in m.value().split(b"\n") if line]
+        finally:
+            self.consumer.close()
+
+
+def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: tuple[int, ...] = (2, 3, 1),
+                     stopped: bool = False, rounds: float = 10.0, settle: float = 1.0) -> dict:
+    """``sources`` files growing (``rounds`` lines per second each) through a gateway of
+    ``sizes[0]`` I/O threads rescaled to each of ``sizes[1:]`` in turn (ICADD, or stop the
+    world when ``stopped``), ``settle`` seconds apart; checks every line is in the topic
+    once, in order per file.  Returns the figures: per migration its window, and the lines
+    written during the migrations with their write-to-delivery times."""
+    topic = f"gwr-{os.urandom(4).hex()}"
+    ensure_topics(bootstrap, {topic: 2}, timeout=5)
+    landing = root / "landing"
+    landing.mkdir(parents=True)
+    paths = [str(landing / f"f{i:05d}.log") for i in range(sources)]
+    writer = Writer(paths, rounds)
+    writer.round()
+    spec = GatewaySpec(buffers=2 * sources + 64, buffer_size=1024, io_threads=sizes[0])
+    groups = [FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log",
+                        poll_interval=0.02)]
+    gateway = Gateway(spec, groups, bootstrap, local_producer_config(), str(root / "gateway"), timeout=30)
+    tail = Tail(bootstrap, topic, 2)
+    gateway.start()
+    try:
+        wait_until(lambda: sum(f["status"] == "running" for f in gateway.status()["sources"].values()) == sources)
+        tail.start()
+        writer.start()
+        time.sleep(settle)
+        windows = []
+        for size in sizes[1:]:
+            began = time.time_ns()
+            figures = gateway.workers.rescale_stopped(size) if stopped else gateway.rescale(size)["rescale"]
+            windows.append((began, time.time_ns(), figures))
+            time.sleep(settle)
+        writer.halt.set()
+        writer.join()
+        gateway.flush()
+        wait_until(lambda: len(tail.seen) >= sum(map(len, writer.written.values())), timeout=60)
+        assert lines_in(bootstrap, topic) == writer.written
+        placement = Placement(gateway.workers.layout)
+        threads = {name: f["thread"] for name, f in gateway.status()["sources"].items() if f["status"] == "running"}
+        assert len(threads) == sources and all(placement.worker(n) == t for n, t in threads.items())
+        status = gateway.status()
+    finally:
+        tail.halt.set()
+        writer.halt.set()
+        gateway.stop()
+    tail.join()
+    return {"windows": windows, "seen": tail.seen, "lines": sum(map(len, writer.written.values())),
+            "status": status, "settle": settle}
+
+
+@pytest.mark.parametrize("sources", [200])
+def test_live_rescale_2_3_1_every_line_once_in_order(broker, tmp_path, sources):
+    result = grow_and_rescale(broker.bootstrap, tmp_path, sources=sources)
+    status = result["status"]
+    assert [w["worker"] for w in status["workers"]] == [0]
+    assert all(w["phase"] == "steady" and w["version"] == 2 for w in status["workers"])
+    first, second = (figures for _, _, figures in result["windows"])
+    # 2 -> 3 moves about a third of the sources, 3 -> 1 the two thirds on workers 1 and 2.
+    assert 0.2 * sources < first["moved"] < 0.5 * sources
+    assert 0.5 * sources < second["moved"] < 0.8 * sources
+    assert status["migrations"] == [first, second]
+
+
+def test_rescale_is_refused_while_a_migration_runs_and_status_shows_the_workers(broker, tmp_path, monkeypatch, capsys):
+    topic = f"gwr-{os.urandom(4).hex()}"
+    ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
+    (tmp_path / "landing").mkdir()
+    gateway = Gateway(GatewaySpec(buffers=16, buffer_size=256, io_threads=1),
+                      [FilesSpec(kind="files", name="f", topic=topic, directory=str(tmp_path / "landing"))],
+                      broker.bootstrap, local_producer_config(), str(tmp_path / "home" / "gateway"), timeout=10)
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    gateway.start()
+    try:
+        gateway.workers._migrating = True
+        with pytest.raises(GatewayError, match="a migration is running"):
+            call(gateway.control.url, "/rescale?workers=2", timeout=10)
+        gateway.workers._migrating = False
+        answer = call(gateway.control.url, "/rescale?workers=2", timeout=30)
+        assert answer["rescale"]["to"] == 2
+        workers = call(gateway.control.url, "/status", timeout=10)["workers"]
+        assert [(w["worker"], w["phase"], w["version"], w["whitelist"], w["hold"]) for w in workers] == [
+            (0, "steady", 1, 0, 0), (1, "steady", 1, 0, 0)]
+        capsys.readouterr()
+        assert cli.main(["gateway", "rescale", "--workers", "1"]) == 0
+        assert "rescaled 2 -> 1 workers (version 2)" in capsys.readouterr().out
+        assert cli.main(["gateway", "status"]) == 0
+        assert "worker 0: steady, version 2" in capsys.readouterr().out
+    finally:
+        gateway.stop()
+
+
+def test_the_executor_adds_a_source_on_a_given_thread_and_grows_and_shrinks_its_loops():
+    from sensors.gateway.sources import GeneratorSource
+    from tests.sensors.gateway.test_executor import executor_of, lines
+
+    executor, collector = executor_of(16, 256)
+    executor.start()
+    try:
+        assert executor.add_thread() == 1 and executor.add_thread() == 2
+        executor.add(GeneratorSource("g", lines=10), thread=2)
+        collector.ended(1)
+        assert collector.deliveries[0][4] == "gateway-io-2"
+        assert executor.stats()["sources"]["g"]["thread"] == 2
+        with pytest.raises(GatewayError, match="I/O thread 3 of 3"):
+            executor.add(GeneratorSource("h"), thread=3)
+        executor.add(GeneratorSource("endless", rate=100), thread=2)
+        with pytest.raises(GatewayError, match=r"[12] source\(s\) on it"):  # "g" may not be forgotten yet
+            executor.remove_thread()
+        assert executor.remove("endless").result(5) == "stopped"
+        executor.remove_thread()
+        executor.remove_thread()
+        assert executor.stats()["threads"] == 1
+        assert [t.name for t in threading.enumerate() if t.name.startswith("gateway-io")] == ["gateway-io-0"]
+        with pytest.raises(GatewayError, match="1 thread"):
+            executor.remove_thread()
+    finally:
+        executor.stop()
+    assert collector.data["g"] == lines("g", 10)
+
+
+def test_a_file_its_owner_refuses_for_a_full_pool_is_offered_again_when_there_is_room(broker, tmp_path):
+    topic = f"gwr-{os.urandom(4).hex()}"
+    ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for name in ("a", "b", "c"):
+        (landing / f"{name}.log").write_bytes(f"{name} 0\n".encode())
+    gateway = Gateway(GatewaySpec(buffers=3, buffer_size=256, io_threads=2),
+                      [FilesSpec(kind="files", name="f", topic=topic, directory=str(landing), poll_interval=0.02)],
+                      broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway.start()
+    try:
+        def running() -> set[str]:
+            return {Path(n).stem for n, f in gateway.status()["sources"].items() if f["status"] == "running"}
+
+        wait_until(lambda: len(running()) == 2)
+        time.sleep(0.2)
+        assert len(running()) == 2
+        (refused,) = {"a", "b", "c"} - running()
+        gone = sorted(running())[0]
+        (landing / f"{gone}.log").unlink()
+        wait_until(lambda: refused in running())
+        gateway.flush()
+        wait_until(lambda: {Path(k).stem: v for k, v in lines_in(broker.bootstrap, topic).items()}
+                   == {n: [f"{n} 0".encode()] for n in ("a", "b", "c")})
+    finally:
+        gateway.stop()
+
+
+def test_generators_stay_where_they_started_and_their_worker_cannot_leave(broker, tmp_path):
+    from sensors.gateway.config import GeneratorSpec
+
+    topic = f"gwr-{os.urandom(4).hex()}"
+    ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
+    gateway = Gateway(GatewaySpec(buffers=64, buffer_size=256, io_threads=2),
+                      [GeneratorSpec(kind="generator", name="g", topic=topic, count=20, lines=10_000, rate=20)],
+                      broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway.start()
+    try:
+        wait_until(lambda: sum(f["status"] == "running" for f in gateway.status()["sources"].values()) == 20)
+        before = {n: f["thread"] for n, f in gateway.status()["sources"].items()}
+        assert gateway.rescale(3)["rescale"]["moved"] == 0
+        assert {n: f["thread"] for n, f in gateway.status()["sources"].items()} == before
+        with pytest.raises(GatewayError, match="do not move: rescale to 2 workers or more"):
+            gateway.rescale(1)
+    finally:
+        gateway.stop()
