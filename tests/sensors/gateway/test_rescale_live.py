@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dagster_project import cli
 from dagster_project.config import HOME_ENV
+from circuits.layouts import initial, rescale
 from sensors.broker import ensure_topics, local_producer_config
 from sensors.gateway.config import FilesSpec, GatewaySpec
 from sensors.gateway.control import call
@@ -59,8 +60,8 @@ class Tail(threading.Thread):
         super().__init__(name="tail", daemon=True)
         self.consumer = Consumer(consumer_config(bootstrap, {"fetch.wait.max.ms": 5}))
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        self.seen: list[tuple[int, int]] = []
-        """(written ns, seen ns) per line."""
+        self.seen: list[tuple[int, int, int]] = []
+        """(file, written ns, seen ns) per line."""
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -70,7 +71,8 @@ class Tail(threading.Thread):
                     if m.error() is not None:
                         continue
                     now = time.time_ns()
-                    self.seen += [(int(line.split()[2]), now) for line in m.value().split(b"\n") if line]
+                    self.seen += [(int(f), int(t), now) for f, _, t in
+                                  (line.split() for line in m.value().split(b"\n") if line)]
         finally:
             self.consumer.close()
 
@@ -81,7 +83,7 @@ def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: t
     ``sizes[0]`` I/O threads rescaled to each of ``sizes[1:]`` in turn (ICADD, or stop the
     world when ``stopped``), ``settle`` seconds apart; checks every line is in the topic
     once, in order per file.  Returns the figures: per migration its window, and the lines
-    written during the migrations with their write-to-delivery times."""
+    written during the migrations with their write-to-delivery times, and the files moved."""
     topic = f"gwr-{os.urandom(4).hex()}"
     ensure_topics(bootstrap, {topic: 2}, timeout=5)
     landing = root / "landing"
@@ -104,7 +106,9 @@ def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: t
         for size in sizes[1:]:
             began = time.time_ns()
             figures = gateway.workers.rescale_stopped(size) if stopped else gateway.rescale(size)["rescale"]
-            windows.append((began, time.time_ns(), figures))
+            ended = time.time_ns()
+            moved = set(range(sources)) if stopped else {paths.index(k) for k in gateway.workers.moved}
+            windows.append((began, ended, figures | {"keys": moved}))
             time.sleep(settle)
         writer.halt.set()
         writer.join()
@@ -120,7 +124,7 @@ def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: t
         writer.halt.set()
         gateway.stop()
     tail.join()
-    return {"windows": windows, "seen": tail.seen, "lines": sum(map(len, writer.written.values())),
+    return {"windows": windows, "seen": tail.seen, "paths": paths, "lines": sum(map(len, writer.written.values())),
             "status": status, "settle": settle}
 
 
@@ -134,7 +138,13 @@ def test_live_rescale_2_3_1_every_line_once_in_order(broker, tmp_path, sources):
     # 2 -> 3 moves about a third of the sources, 3 -> 1 the two thirds on workers 1 and 2.
     assert 0.2 * sources < first["moved"] < 0.5 * sources
     assert 0.5 * sources < second["moved"] < 0.8 * sources
-    assert status["migrations"] == [first, second]
+    assert status["migrations"] == [{k: v for k, v in f.items() if k != "keys"} for f in (first, second)]
+    # Exactly the files whose owner changed moved, each once.
+    w2 = initial(256, 2)
+    layouts = [w2, rescale(w2, 3), rescale(rescale(w2, 3), 1)]
+    paths = result["paths"]
+    for figures, (before, after) in zip((first, second), zip(layouts, layouts[1:])):
+        assert figures["keys"] == {i for i, p in enumerate(paths) if Placement(before).worker(p) != Placement(after).worker(p)}
 
 
 def test_rescale_is_refused_while_a_migration_runs_and_status_shows_the_workers(broker, tmp_path, monkeypatch, capsys):
