@@ -251,3 +251,58 @@ def test_generators_stay_where_they_started_and_their_worker_cannot_leave(broker
             gateway.rescale(1)
     finally:
         gateway.stop()
+
+
+def test_a_moving_tcp_connection_is_closed_and_the_device_reconnects_to_its_new_owner(broker, tmp_path):
+    import socket
+
+    from sensors.gateway.config import TcpSpec
+
+    topic = f"gwr-{os.urandom(4).hex()}"
+    ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
+    gateway = Gateway(GatewaySpec(buffers=64, buffer_size=256, io_threads=2),
+                      [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)],
+                      broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway.start()
+    host, port = gateway.status()["listeners"]["dev"].split(":")
+    sent: dict[str, list[bytes]] = {}
+
+    def connect() -> tuple[socket.socket, str]:
+        device = socket.create_connection((host, int(port)))
+        return device, f"dev:127.0.0.1:{device.getsockname()[1]}"
+
+    def send(device: socket.socket, name: str, n: int) -> None:
+        lines = [f"{name} {len(sent.setdefault(name, [])) + i}".encode() for i in range(n)]
+        device.sendall(b"".join(line + b"\n" for line in lines))
+        sent[name] += lines
+
+    try:
+        devices = dict(connect() for _ in range(12))
+        devices = {name: device for device, name in devices.items()}
+        for name, device in devices.items():
+            send(device, name, 5)
+        wait_until(lambda: sum(f["status"] == "running" for f in gateway.status()["sources"].values()) == 12)
+        gateway.flush()
+        wait_until(lambda: lines_in(broker.bootstrap, topic) == sent)
+        on_1 = {n for n, f in gateway.status()["sources"].items() if f["thread"] == 1}
+        assert on_1 and len(on_1) < 12
+        assert gateway.rescale(1)["rescale"]["moved"] == len(on_1)
+        status = gateway.status()["sources"]
+        assert {n for n, f in status.items() if f["status"] == "stopped"} == on_1
+        for name in on_1:  # the device finds its connection closed...
+            devices[name].settimeout(5)
+            assert devices[name].recv(10) == b""
+            devices[name].close()
+            device, new = connect()  # ...and reconnects: the listener places it on its owner
+            devices[new] = device
+        for name, device in devices.items():
+            if name not in on_1:
+                send(device, name, 5)
+        wait_until(lambda: sum(f["status"] == "running" for f in gateway.status()["sources"].values()) == 12)
+        assert all(f["thread"] == 0 for f in gateway.status()["sources"].values() if f["status"] == "running")
+        gateway.flush()
+        wait_until(lambda: lines_in(broker.bootstrap, topic) == sent)
+    finally:
+        for device in devices.values():
+            device.close()
+        gateway.stop()
