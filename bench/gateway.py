@@ -56,6 +56,7 @@ import numpy as np  # noqa: E402
 from sensors.broker import LocalBroker, ensure_topics, local_producer_config  # noqa: E402
 from sensors.gateway.delivery import Delivery  # noqa: E402
 from sensors.gateway.executor import AsyncSourceExecutor  # noqa: E402
+from sensors.gateway.gateway import flush_on_idle  # noqa: E402
 from sensors.gateway.pool import BufferPool  # noqa: E402
 from sensors.gateway.sources import GeneratorSource, SyncGeneratorSource  # noqa: E402
 
@@ -263,7 +264,7 @@ def child(config: dict) -> dict:
         delivery = InProcessDelivery(pool.release, lambda *_: None)
     executor = AsyncSourceExecutor(pool, delivery.deliver, 1, on_add=lambda s: delivery.add(s.id, TOPIC, 0, False),
                                    idle=lambda: delivery.idle)
-    delivery.on_idle(executor.flush)
+    flush_on_idle(delivery, executor)
     kind = TimedGenerator if side == "async" else TimedSyncGenerator
     sources = [kind(f"s{i:05d}", line_size, rate) for i in range(n)]
     began = time.monotonic()
