@@ -35,7 +35,7 @@ from circuits.sharding import Layout
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
 from sensors.gateway.errors import GatewayError
-from sensors.gateway.control import figures_of_steps, flush_running, record_figures
+from sensors.gateway.control import call, figures_of_steps, flush_running, record_figures, running_url
 from sensors.ingest import KafkaSource, run_steps
 from sensors.status import report
 from storage import inspect, views
@@ -55,9 +55,29 @@ def step_key(step: int) -> str:
 
 def build_definitions(project: ProjectSpec) -> Definitions:
     """Every pipeline of ``project``, with the project's resources."""
+    gateway = [Definitions(jobs=[_gateway_rescale_job()])] if project.sources else []
     return Definitions.merge(
-        *(build_pipeline(spec) for spec in project.pipelines), Definitions(resources=build_resources(project))
+        *(build_pipeline(spec) for spec in project.pipelines), *gateway, Definitions(resources=build_resources(project))
     )
+
+
+class GatewayRescaleConfig(Config):
+    workers: int
+
+
+def _gateway_rescale_job():
+    """Moves the running gateway's sources to ``workers`` I/O threads (ICADD, while they run)."""
+
+    @op(name="gateway_rescale")
+    def rescale(context: OpExecutionContext, config: GatewayRescaleConfig):
+        url = running_url(home("gateway"))
+        if url is None:
+            raise GatewayError(f"no gateway runs for DBSP_HOME={home()}: start one with dbsp gateway, then rescale")
+        figures = call(url, f"/rescale?workers={config.workers}", timeout=600)
+        context.log.info(f"gateway: {json.dumps(figures['rescale'])}")
+        context.add_output_metadata({"workers": MetadataValue.json(figures["workers"])})
+
+    return _one_op_job("gateway_rescale", rescale, {})
 
 
 def build_pipeline(spec: PipelineSpec) -> Definitions:

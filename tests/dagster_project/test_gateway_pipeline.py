@@ -18,6 +18,7 @@ from dagster import instance_for_test
 from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
 from sensors.broker import local_producer_config
+from sensors.kafka import KafkaClient
 from sensors.gateway.control import call, running_url
 from storage.inspect import rows_of_steps
 from storage.pipeline import status
@@ -172,3 +173,33 @@ def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kil
     metadata = runs[0].get_asset_materialization_events()[0].materialization.metadata
     assert metadata["gateway/sources"].value >= FILES and metadata["gateway/bytes"].value > 0
     assert "| errors |" in metadata["gateway/by_source"].value
+
+
+def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, broker, tmp_path, monkeypatch):
+    from dagster_project.config import parse_project
+    from dagster_project.factory import build_definitions
+    from sensors.gateway.config import FilesSpec, GatewaySpec
+    from sensors.gateway.gateway import Gateway
+
+    monkeypatch.setenv("DBSP_HOME", str(tmp_path / "home"))
+    settings = project_settings(str(tmp_path / "store"), broker.bootstrap, "gw")
+    settings["sources"] = [{"kind": "files", "name": "in", "topic": "gw.bids", "directory": str(tmp_path)}]
+    defs = build_definitions(parse_project(settings, "test"))
+    job = defs.resolve_job_def("gateway_rescale")
+    with instance_for_test() as instance:
+        missing = job.execute_in_process(run_config={"ops": {"gateway_rescale": {"config": {"workers": 2}}}},
+                                         instance=instance, raise_on_error=False)
+        assert not missing.success  # no gateway runs: the error says how to start one
+        assert "start one with dbsp gateway" in str(missing.get_step_failure_events()[0].event_specific_data.error)
+        ensure = KafkaClient(broker.bootstrap)
+        ensure.create_topics({"gw.bids": 1})
+        gateway = Gateway(GatewaySpec(buffers=16, buffer_size=256), [FilesSpec(**settings["sources"][0])],
+                          broker.bootstrap, local_producer_config(), str(tmp_path / "home" / "gateway"), timeout=10)
+        gateway.start()
+        try:
+            run = job.execute_in_process(run_config={"ops": {"gateway_rescale": {"config": {"workers": 2}}}},
+                                         instance=instance)
+            assert run.success
+            assert [w["phase"] for w in gateway.status()["workers"]] == ["steady", "steady"]
+        finally:
+            gateway.stop()
