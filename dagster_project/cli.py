@@ -24,7 +24,7 @@ from circuits.daemon import listening
 from circuits.errors import DbspError
 from circuits.spark import stop_connect_server
 from sensors.broker import stop_local_broker
-from sensors.gateway.control import call, running_url
+from sensors.gateway.control import call, require_running
 from sensors.gateway.gateway import Gateway
 from sensors.ingest import run_steps
 from sensors.status import report
@@ -290,10 +290,7 @@ def _gateway_line(figures: dict) -> str:
 
 
 def _gateway_status(args: argparse.Namespace) -> int:
-    url = running_url(home("gateway"))
-    if url is None:
-        print(f"dbsp gateway status: no gateway runs for DBSP_HOME={home()}; start one with: dbsp gateway", file=sys.stderr)
-        return 1
+    url = require_running(home("gateway"))
     figures = call(url, "/status", timeout=10)
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -321,10 +318,7 @@ def _print_workers(workers: list[dict]) -> None:
 
 
 def _gateway_rescale(args: argparse.Namespace) -> int:
-    url = running_url(home("gateway"))
-    if url is None:
-        print(f"dbsp gateway rescale: no gateway runs for DBSP_HOME={home()}; start one with: dbsp gateway", file=sys.stderr)
-        return 1
+    url = require_running(home("gateway"))
     if args.workers is None or args.workers < 1:
         print("dbsp gateway rescale: give --workers N (1 or more)", file=sys.stderr)
         return 2

@@ -35,7 +35,7 @@ from circuits.sharding import Layout
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
 from sensors.gateway.errors import GatewayError
-from sensors.gateway.control import call, figures_of_steps, flush_running, record_figures, running_url
+from sensors.gateway.control import call, figures_of_steps, flush_running, record_figures, require_running
 from sensors.ingest import KafkaSource, run_steps
 from sensors.status import report
 from storage import inspect, views
@@ -70,10 +70,7 @@ def _gateway_rescale_job():
 
     @op(name="gateway_rescale")
     def rescale(context: OpExecutionContext, config: GatewayRescaleConfig):
-        url = running_url(home("gateway"))
-        if url is None:
-            raise GatewayError(f"no gateway runs for DBSP_HOME={home()}: start one with dbsp gateway, then rescale")
-        figures = call(url, f"/rescale?workers={config.workers}", timeout=600)
+        figures = call(require_running(home("gateway")), f"/rescale?workers={config.workers}", timeout=600)
         context.log.info(f"gateway: {json.dumps(figures['rescale'])}")
         context.add_output_metadata({"workers": MetadataValue.json(figures["workers"])})
 

@@ -105,6 +105,14 @@ def running_url(home: str) -> str | None:
         return None
 
 
+def require_running(home: str) -> str:
+    """The control URL of the gateway running for ``home``; an error saying how to start one."""
+    url = running_url(home)
+    if url is None:
+        raise GatewayError(f"no gateway runs with its state in {home}: start one with: dbsp gateway")
+    return url
+
+
 def call(url: str, path: str, timeout: float) -> dict:
     """``POST /flush``, ``GET /status`` or ``POST /rescale?workers=N`` of the gateway at ``url``."""
     method = "GET" if path == "/status" else "POST"

@@ -190,7 +190,7 @@ def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, b
         missing = job.execute_in_process(run_config={"ops": {"gateway_rescale": {"config": {"workers": 2}}}},
                                          instance=instance, raise_on_error=False)
         assert not missing.success  # no gateway runs: the error says how to start one
-        assert "start one with dbsp gateway" in str(missing.get_step_failure_events()[0].event_specific_data.error)
+        assert "start one with: dbsp gateway" in str(missing.get_step_failure_events()[0].event_specific_data.error)
         ensure = KafkaClient(broker.bootstrap)
         ensure.create_topics({"gw.bids": 1})
         gateway = Gateway(GatewaySpec(buffers=16, buffer_size=256), [FilesSpec(**settings["sources"][0])],
