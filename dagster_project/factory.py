@@ -68,7 +68,7 @@ class GatewayRescaleConfig(Config):
 def _gateway_rescale_job():
     """Moves the running gateway's sources to ``workers`` I/O threads (ICADD, while they run)."""
 
-    @op(name="gateway_rescale")
+    @op(name="rescale_gateway")
     def rescale(context: OpExecutionContext, config: GatewayRescaleConfig):
         figures = call(require_running(home("gateway")), f"/rescale?workers={config.workers}", timeout=600)
         context.log.info(f"gateway: {json.dumps(figures['rescale'])}")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import yaml
-from dagster import instance_for_test
+from dagster import Definitions, instance_for_test
 
 from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
@@ -185,9 +185,10 @@ def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, b
     settings = project_settings(str(tmp_path / "store"), broker.bootstrap, "gw")
     settings["sources"] = [{"kind": "files", "name": "in", "topic": "gw.bids", "directory": str(tmp_path)}]
     defs = build_definitions(parse_project(settings, "test"))
+    Definitions.validate_loadable(defs)  # as a code location loads it: op and job names unique
     job = defs.resolve_job_def("gateway_rescale")
     with instance_for_test() as instance:
-        missing = job.execute_in_process(run_config={"ops": {"gateway_rescale": {"config": {"workers": 2}}}},
+        missing = job.execute_in_process(run_config={"ops": {"rescale_gateway": {"config": {"workers": 2}}}},
                                          instance=instance, raise_on_error=False)
         assert not missing.success  # no gateway runs: the error says how to start one
         assert "start one with: dbsp gateway" in str(missing.get_step_failure_events()[0].event_specific_data.error)
@@ -197,7 +198,7 @@ def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, b
                           broker.bootstrap, local_producer_config(), str(tmp_path / "home" / "gateway"), timeout=10)
         gateway.start()
         try:
-            run = job.execute_in_process(run_config={"ops": {"gateway_rescale": {"config": {"workers": 2}}}},
+            run = job.execute_in_process(run_config={"ops": {"rescale_gateway": {"config": {"workers": 2}}}},
                                          instance=instance)
             assert run.success
             assert [w["phase"] for w in gateway.status()["workers"]] == ["steady", "steady"]
