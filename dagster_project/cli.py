@@ -283,9 +283,9 @@ def _gateway_line(figures: dict) -> str:
     sources = figures["sources"].values()
     live = sum(1 for f in sources if f["status"] in ("starting", "running", "retrying"))
     read = sum(f["bytes"] for f in sources)
-    acked = sum(f.get("bytes_sent", 0) for f in sources)
+    produced = sum(f.get("bytes_sent", 0) for f in sources)
     return (f"{time.strftime('%H:%M:%S')} sources {live} live / {len(figures['sources'])}; "
-            f"read {read:,} B, produced {acked:,} B; buffers in use {figures['pool']['in_use']}/{figures['pool']['buffers']}; "
+            f"read {read:,} B, produced {produced:,} B; buffers in use {figures['pool']['in_use']}/{figures['pool']['buffers']}; "
             f"waits for a buffer {sum(f.get('waits', 0) for f in sources)}; errors {sum(f['errors'] for f in sources)}")
 
 

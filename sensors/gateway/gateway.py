@@ -75,7 +75,6 @@ class Gateway:
                                             on_add=self._added, on_status=self._status,
                                             idle=lambda: self.delivery.idle)
         self._topic_of: dict[str, str] = {}  # source id or file path: its group's topic
-        self._rereadable: dict[str, bool] = {}
         self._resume: dict[tuple[str, str], int] = {}
         self._failed: list[str] = []
         self._moving: dict[str, Moving] = {}
