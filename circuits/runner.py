@@ -19,7 +19,7 @@ from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError, raised_on_executor
 from .sharding import VNODE, Layout
 from .spark import COMPILED, INTERPRETED, aggregate_each
-from .state import DEST, FILE, StateStore, pack
+from .state import DEST, FILE, StateStore, pack, part_column
 from .zset import WEIGHT, empty, nothing
 
 LAYOUT_KEY = "layout"
@@ -48,7 +48,7 @@ class StepResult:
         if names:
             for row in pack(self.outputs).collect():
                 i = row[DEST]
-                rows[names[i]].append(tuple(row[f"_d{i}"]))
+                rows[names[i]].append(tuple(row[part_column(i)]))
         return rows
 
 

@@ -16,7 +16,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TextIO
 from urllib.parse import urlparse
@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 import pyspark
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from .daemon import HOST, Daemon, listening
 from .errors import SparkUnavailableError
@@ -276,3 +277,25 @@ def aggregate_each(frames: Sequence[DataFrame], *aggregates: Column) -> list[tup
     rows = add(*labelled).groupBy("_frame").agg(*aggregates).collect()
     found = {row[0]: tuple(row[1:]) for row in rows}
     return [found.get(i) for i in range(len(frames))]
+
+
+def map_in_arrow(df: DataFrame, func: Callable, schema: T.StructType, columns: Sequence[str]) -> DataFrame:
+    """``df.mapInArrow(func, schema)`` for a ``df`` whose columns are ``columns``.  Over Spark
+    Connect, PySpark's own ``mapInArrow`` asks the server for ``df``'s columns first: an
+    analysis of ``df``'s whole plan, which the job then analyses again."""
+    if not is_remote(df):
+        return df.mapInArrow(func, schema)
+    from pyspark.sql.connect.dataframe import DataFrame as RemoteFrame
+    from pyspark.sql.connect.plan import MapPartitions
+    from pyspark.sql.connect.udf import UserDefinedFunction
+    from pyspark.util import PythonEvalType
+
+    udf = UserDefinedFunction(func, returnType=schema, evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    mapped = RemoteFrame(MapPartitions(df._plan, udf, list(columns), False, None), session=df.sparkSession)
+    mapped._cached_schema = schema
+    return mapped
+
+
+def is_remote(df: DataFrame) -> bool:
+    """Whether ``df`` is a Spark Connect frame."""
+    return type(df).__module__.startswith("pyspark.sql.connect")

@@ -28,13 +28,23 @@ with different values never share a file, so each file holds one worker's vnodes
 def pack(parts: dict[str, DataFrame]) -> DataFrame:
     """All ``parts`` as one DataFrame: a destination number and one struct column per part,
     so that one Spark job computes them all and runs shared shuffles once."""
-    branches = [df.select(F.lit(i).alias(DEST), F.struct("*").alias(f"_d{i}")) for i, df in enumerate(parts.values())]
+    branches = [df.select(F.lit(i).alias(DEST), F.struct("*").alias(part_column(i))) for i, df in enumerate(parts.values())]
     return add(*branches, allow_missing=True)
+
+
+def packed_columns(count: int) -> list[str]:
+    """The columns of :func:`pack` over ``count`` parts."""
+    return [DEST, *map(part_column, range(count))]
+
+
+def part_column(i: int) -> str:
+    """The struct column of part ``i`` in :func:`pack`."""
+    return f"_d{i}"
 
 
 def unpack(packed: DataFrame, names: list[str]) -> dict[str, DataFrame]:
     """The inverse of :func:`pack`."""
-    return {name: packed.where(F.col(DEST) == i).select(f"_d{i}.*") for i, name in enumerate(names)}
+    return {name: packed.where(F.col(DEST) == i).select(f"{part_column(i)}.*") for i, name in enumerate(names)}
 
 
 class StateStore(ABC):

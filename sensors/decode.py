@@ -37,6 +37,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from circuits.errors import raised_on_executor
 from circuits.klogs import RECORD_SCHEMA
+from circuits.spark import map_in_arrow
 from circuits.zset import WEIGHT, parse_schema
 from storage.logs import DEAD_LETTER_SCHEMA, Range
 
@@ -323,7 +324,7 @@ def read_ranges(
     tasks = spark.range(0, len(chunks), 1, max(len(chunks), 1))
     reader = partial(_read_tasks, bootstrap_servers, client_config, fields, timeout, chunks)
     # Cached: every frame below reads the broker's records once, in the first job over them.
-    raw = tasks.mapInArrow(reader, _RAW_SCHEMA).persist()
+    raw = map_in_arrow(tasks, reader, _RAW_SCHEMA, ["id"]).persist()
     return Decoded(
         inputs={topic: _zset(raw, topic, parse_schema(schema)) for topic, schema in schemas.items()},
         dead_letters=raw.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_SCHEMA.names),

@@ -26,7 +26,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from circuits.state import DEST, FILE, pack
+from circuits.spark import map_in_arrow
+from circuits.state import DEST, FILE, pack, packed_columns, part_column
 from circuits.zset import empty_like
 
 from .errors import CorruptTableError, StaleWriterError, StorageError
@@ -93,7 +94,7 @@ def _writer(targets: dict[int, tuple[str, pa.Schema]]) -> Callable[[Iterator[pa.
         for batch in batches:
             dests = batch.column(DEST)
             for dest in pc.unique(dests).to_pylist():
-                rows = batch.filter(pc.equal(dests, dest)).column(f"_d{dest}")
+                rows = batch.filter(pc.equal(dests, dest)).column(part_column(dest))
                 flat = pa.Table.from_arrays(rows.flatten(), names=[f.name for f in rows.type])
                 files = flat.column(FILE) if FILE in flat.column_names else None
                 for key in [None] if files is None else pc.unique(files).to_pylist():
@@ -161,7 +162,7 @@ def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFi
         targets[i] = (uri, pa.schema(table.schema().to_arrow()))
     packed = pack({name: df for name, (_, df) in parts.items()})
     try:
-        described = packed.mapInArrow(_writer(targets), FILES_SCHEMA).collect()
+        described = map_in_arrow(packed, _writer(targets), FILES_SCHEMA, packed_columns(len(names))).collect()
     except Exception as e:  # noqa: BLE001 - Spark wraps executor errors; translate at the boundary
         raise StorageError(f"writing tables {sorted(names)} failed: {e}") from e
     now = int(time.time() * 1000)
