@@ -18,7 +18,7 @@ from circuits import InMemoryStateStore, StepRunner
 from circuits.daemon import free_port
 from circuits.library import nexmark_circuit
 from circuits.spark import connect_server, remote_session, stop_connect_server
-from circuits.zset import consolidate, data_columns
+from circuits.zset import WEIGHT, consolidate, data_columns
 from storage.logs import STEP, OutputLog, Range
 from storage.pipeline import Pipeline
 
@@ -80,7 +80,7 @@ def integrated_output(spark: SparkSession, root: str, query: str, last: int) -> 
     ``last``: each row of view ``query`` with its summed weight (rows summing to zero left out)."""
     changes = OutputLog(spark, root).read(query, 0, last)
     columns = [c for c in data_columns(changes.schema) if c != STEP]
-    return Counter({tuple(row[:-1]): row[-1] for row in consolidate(changes, columns).collect()})
+    return Counter({tuple(row[:-1]): row[-1] for row in consolidate(changes.select(*columns, WEIGHT)).collect()})
 
 
 def rounded(rows: Counter) -> Counter:
@@ -89,12 +89,12 @@ def rounded(rows: Counter) -> Counter:
     return Counter({tuple(round(v, 6) if isinstance(v, float) else v for v in row): n for row, n in rows.items()})
 
 
-def on_spark(run, args, prefix: str) -> None:
+def on_spark(run, args, prefix: str, driver_memory: str = "4g") -> None:
     """``run(spark, work, args)`` in a fresh work directory, on the Spark Connect server at
-    ``args.url``, else on one started for the run (4g) and stopped after."""
+    ``args.url``, else on one started for the run and stopped after."""
     work = tempfile.mkdtemp(prefix=prefix)
     port = free_port()
-    url = args.url or connect_server(os.path.join(work, "spark"), port, driver_memory="4g")
+    url = args.url or connect_server(os.path.join(work, "spark"), port, driver_memory=driver_memory)
     try:
         run(remote_session(url), work, args)
     finally:

@@ -9,7 +9,12 @@ step; with ``--store memory`` that is ``StepRunner.step`` (plan + the step's one
 Spark job + state update) on the in-memory store; with ``--store delta`` it is a durable
 step of ``storage.pipeline.Pipeline``: input persisted, state and output committed to
 Delta, checkpoint committed.  Peer, same session and data: Spark batch SQL computing the
-same view over the integrated inputs, median of as many runs.
+same view over the integrated inputs, median of as many runs.  Over several fractions it
+also prints the marginal cost of a delta row (the step's extra seconds per extra delta row,
+smallest to largest fraction) against the recompute's cost per row of state.
+
+Both run on a Spark Connect server started for the run (as ``dbsp`` starts the embedded
+one; ``--url`` names a running one), or with ``--classic`` in an in-process session.
 
     python bench/incremental_vs_recompute.py --bids 1000000 --fractions 0.001 0.01 0.1 --store delta
 """
@@ -20,7 +25,7 @@ import argparse
 import statistics
 from collections import Counter
 
-from common import auctions, bids, integrated_output, rounded, stepper, timed
+from common import auctions, bids, integrated_output, on_spark, rounded, stepper, timed
 from pyspark.sql import SparkSession
 
 from circuits.library.nexmark_queries import RECOMPUTE_SQL as RECOMPUTE
@@ -71,17 +76,40 @@ def main() -> None:
     parser.add_argument("--query", choices=["bids_by_category", "q4"], default="bids_by_category")
     parser.add_argument("--store", choices=["memory", "delta"], default="memory")
     parser.add_argument("--root", default="/tmp/dbsp-bench", help="where --store delta keeps the pipeline")
+    parser.add_argument("--classic", action="store_true", help="an in-process session instead of Spark Connect")
+    parser.add_argument("--url", help="a running Spark Connect server (default: start one for the run)")
     args = parser.parse_args()
-    spark = local_session(cores=2, app_name="bench", extra={"spark.driver.memory": "8g"})
-    print(f"{args.query}, {args.store} store, {args.workers} workers, median of {args.steps} steps")
+    if args.classic:
+        run(local_session(cores=2, app_name="bench", extra={"spark.driver.memory": "8g"}), None, args)
+    else:
+        on_spark(run, args, "recompute-bench-", driver_memory="8g")
+
+
+def run(spark: SparkSession, _work: str | None, args: argparse.Namespace) -> None:
+    mode = "classic" if args.classic else "Spark Connect"
+    print(f"{args.query}, {args.store} store, {args.workers} workers, {mode}, median of {args.steps} steps")
     print(f"{'state bids':>11} {'delta':>8} {'load s':>7} {'step s':>7} {'recompute s':>11} {'step/recompute':>14}")
     for total in args.bids:
-        for r in measure(spark, args, total):
+        rows = measure(spark, args, total)
+        for r in rows:
             print(
                 f"{r['state_bids']:>11,} {r['delta_bids']:>8,} {r['load_s']:>7.1f} {r['ours_s']:>7.2f} "
                 f"{r['recompute_s']:>11.2f} {r['ours_s'] / r['recompute_s']:>14.2f}",
                 flush=True,
             )
+        if len(rows) > 1:
+            print(marginal(rows[0], rows[-1]), flush=True)
+
+
+def marginal(small: dict, large: dict) -> str:
+    """The step's cost per extra delta row between two fractions, against the recompute's
+    cost per row of state (at the larger state)."""
+    per_delta_row = (large["ours_s"] - small["ours_s"]) / (large["delta_bids"] - small["delta_bids"])
+    per_state_row = large["recompute_s"] / (large["state_bids"] + large["delta_bids"])
+    return (
+        f"marginal delta row {per_delta_row * 1e6:.2f} us ({small['delta_bids']:,} -> {large['delta_bids']:,} rows);"
+        f" recompute per row of state {per_state_row * 1e6:.2f} us; ratio {per_delta_row / per_state_row:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""This engine against Spark Structured Streaming (SS), same machine, SparkSession and data.
+"""This engine against Spark Structured Streaming (SS), same machine, SparkSession and data, on a
+Spark Connect server started for the run (``--url`` names a running one; ``--classic``: an
+in-process session).
 
 1. Per-step latency of bids revenue by category (bids JOIN auctions, then an aggregate).
    State: ``--bids`` bids over ``--bids // 15`` auctions, then ``--batches`` micro-batches
@@ -25,7 +27,7 @@ import shutil
 import statistics
 from collections import Counter
 
-from common import auctions, bids, integrated_output, rounded, stepper, timed
+from common import auctions, bids, integrated_output, on_spark, rounded, stepper, timed
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -162,14 +164,16 @@ def try_structured_streaming(
     for name in streams:
         stream = spark.readStream.schema(SCHEMAS[name]).option("maxFilesPerTrigger", 1)
         stream.parquet(os.path.join(root, "input", name)).createOrReplaceTempView(name)
-    emitted, batches = [], set()
+    # Over Spark Connect the sink runs in a Python process of the server: it leaves each
+    # batch's rows in a directory of its own, read back here.
+    out = os.path.join(root, "output", query)
 
     def sink(changes: DataFrame, batch_id: int) -> None:
-        emitted.extend(changes.collect())
-        batches.add(batch_id)
+        changes.write.mode("overwrite").parquet(os.path.join(out, f"batch={batch_id}"))
 
     checkpoint = os.path.join(root, "checkpoint", query)
     shutil.rmtree(checkpoint, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
     try:
         handle = (
             spark.sql(RECOMPUTE_SQL[query])
@@ -186,10 +190,13 @@ def try_structured_streaming(
         return f"refused while running: `{first_line(error)}`"
     finally:
         handle.stop()
+    emitted = spark.read.parquet(out)
+    batches = {row.batch for row in emitted.select("batch").distinct().collect()}
+    rows = emitted.orderBy("batch").drop("batch").collect()
     if keys is None:
-        result = bag_of(emitted)
-    else:  # batches run one at a time, so rows arrive in batch order
-        result = bag_of({tuple(row[k] for k in keys): row for row in emitted}.values())
+        result = bag_of(rows)
+    else:  # a key's result is its row of the latest batch
+        result = bag_of({tuple(row[k] for k in keys): row for row in rows}.values())
     verdict = "yes" if rounded(result) == expected else "NO"
     return f"accepted; ran {len(batches)} batches, result equals batch SQL: {verdict}"
 
@@ -234,13 +241,21 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--part", choices=["latency", "refusals", "both"], default="both")
     parser.add_argument("--root", default="/tmp/dbsp-bench-ss", help="pipelines, SS checkpoints and inputs")
+    parser.add_argument("--classic", action="store_true", help="an in-process session instead of Spark Connect")
+    parser.add_argument("--url", help="a running Spark Connect server (default: start one for the run)")
     args = parser.parse_args()
-    spark = local_session(cores=2, app_name="bench-ss", extra={"spark.driver.memory": "8g"})
+    if args.classic:
+        run(local_session(cores=2, app_name="bench-ss", extra={"spark.driver.memory": "8g"}), None, args)
+    else:
+        on_spark(run, args, "ss-bench-", driver_memory="8g")
+
+
+def run(spark: SparkSession, _work: str | None, args: argparse.Namespace) -> None:
+    print("classic in-process session" if args.classic else "Spark Connect server, both sides", flush=True)
     if args.part in ("latency", "both"):
         latency(spark, args)
     if args.part in ("refusals", "both"):
         refusals(spark, args)
-    spark.stop()
 
 
 if __name__ == "__main__":
