@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -235,9 +236,10 @@ def round_trips(spark: SparkSession, trace: TextIO | None = None) -> Iterator[Co
     asks for a schema (or caches a frame), ``Config`` reads or sets a setting.
 
     With ``trace``, each call is timed to its end (a streamed answer is read whole) and
-    written there, one line each: the RPC, its seconds, and the project's call sites that
-    made it (innermost first)."""
+    written there, one line each: the RPC, its start (seconds into the block), its
+    seconds, its thread, and the project's call sites that made it (innermost first)."""
     calls: Counter = Counter()
+    opened = time.perf_counter()
     stub = spark.client._stub  # noqa: SLF001 - the client's RPCs have no public hook
     originals = {name: getattr(stub, name) for name in ("ExecutePlan", "AnalyzePlan", "Config")}
 
@@ -251,7 +253,11 @@ def round_trips(spark: SparkSession, trace: TextIO | None = None) -> Iterator[Co
             answer = list(answer) if name == "ExecutePlan" else answer
             sites = [f"{os.path.relpath(f.filename, _PROJECT)}:{f.lineno}:{f.name}" for f in traceback.extract_stack()
                      if f.filename.startswith(_PROJECT) and "site-packages" not in f.filename and f.filename != __file__]
-            print(f"{name} {time.perf_counter() - started:.3f} {' < '.join(reversed(sites[-2:]))}", file=trace)
+            print(
+                f"{name} +{started - opened:.3f} {time.perf_counter() - started:.3f} {threading.current_thread().name}"
+                f" {' < '.join(reversed(sites[-2:]))}",
+                file=trace,
+            )
             return answer
 
         return call
