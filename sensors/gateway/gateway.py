@@ -27,7 +27,7 @@ from .delivery import Delivery, acknowledged_since
 from .errors import GatewayError
 from .executor import FAILED, FINISHED, GONE, REPLACED, AsyncSourceExecutor
 from .pool import BufferPool
-from .sources import GeneratorSource, HttpPollSource, Source, TcpListener
+from .sources import GeneratorSource, HttpPollSource, Source, TcpListener, latest_generations
 from .workers import Moving, RoutedWatcher, Workers
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,10 @@ class Gateway:
 
     def _start_group(self, group: SourceSpec) -> None:
         if isinstance(group, FilesSpec):
+            known = latest_generations((sid for topic, sid in self._resume if topic == group.topic), group.directory,
+                                       group.pattern)
             watcher = RoutedWatcher(group.directory, self._adder(group.topic), self.workers, pattern=group.pattern,
-                                    poll_interval=group.poll_interval)
+                                    poll_interval=group.poll_interval, generations=known)
             self.executor.submit(watcher.run())
         elif isinstance(group, TcpSpec):
             listener = TcpListener(group.host, group.port, self._adder(group.topic), prefix=group.name)

@@ -36,7 +36,7 @@ import ssl
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from .errors import GatewayConfigError, GatewayError, SourceFailed, SourceGone, SourceReplaced
@@ -388,6 +388,21 @@ class FileSource(Source):
                 f"it is read again from 0 as a new source", self.successor())
 
 
+def latest_generations(source_ids: Iterable[str], directory: str, pattern: str) -> dict[str, int]:
+    """Per path of ``directory`` matching ``pattern``: the latest generation among the
+    :class:`FileSource` ids ``source_ids`` (``<path>`` is generation 1, ``<path>#<n>``
+    generation n), where it is above 1."""
+    latest: dict[str, int] = {}
+    for source_id in source_ids:
+        path, mark, n = source_id.rpartition("#")
+        if not (mark and n.isdigit()) or os.path.exists(source_id):  # a file whose name ends in #n
+            continue
+        name = os.path.basename(path)
+        if os.path.join(directory, name) == path and fnmatch.fnmatchcase(name, pattern):  # as a scan names it
+            latest[path] = max(latest.get(path, 1), int(n))
+    return latest
+
+
 class DirectoryWatcher:
     """Finds the files of ``directory`` whose names match ``pattern`` and wakes their sources.
 
@@ -405,7 +420,12 @@ class DirectoryWatcher:
     """
 
     def __init__(self, directory: str, on_source: Callable[[FileSource], None], *, pattern: str = "*",
-                 poll_interval: float = 0.05):
+                 poll_interval: float = 0.05, generations: Mapping[str, int] | None = None):
+        """``generations``: each path's latest generation when an earlier run stopped (see
+        :func:`latest_generations`); the file found there first continues it, so it resumes
+        at that generation's cursor.  A file replaced while no gateway ran cannot be told
+        from its predecessor (inodes are not recorded): it resumes at the cursor too, or, if
+        it is shorter, is read from 0 as the next generation."""
         if poll_interval <= 0:
             raise GatewayConfigError(f"poll_interval of {directory} is {poll_interval}: set sources[i].poll_interval "
                                      f"to a positive number of seconds")
@@ -417,7 +437,7 @@ class DirectoryWatcher:
         self._current: dict[str, FileSource] = {}
         self._seen: dict[str, tuple[tuple[int, int], int]] = {}
         """Per path: (device, inode) and size at the last scan."""
-        self._generations: dict[str, int] = {}
+        self._generations: dict[str, int] = {path: n - 1 for path, n in (generations or {}).items()}
         """Per path: its latest generation (kept after the file is gone, so ids are never reused)."""
         self._refused: set[str] = set()
         """Paths whose source was refused (logged once), offered again at every scan."""

@@ -106,3 +106,40 @@ def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, 
         wait_until(lambda: lines_in(broker.bootstrap, topic) == written | sent)
     finally:
         restarted.stop()
+
+
+def test_a_truncated_file_resumes_at_its_generation_after_a_restart(broker, topic, tmp_path):
+    """A file truncated and rewritten becomes ``<path>#2``; after a restart the file found
+    at that path continues generation 2 at its cursor, rather than being taken for
+    generation 1 and read from generation 1's cursor, in the middle of its records."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    groups = [FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log")]
+    spec, home = GatewaySpec(buffers=8, buffer_size=256), str(tmp_path / "gateway")
+    path = landing / "f.log"
+    key = str(path)
+
+    def write(mode: str, first: int, count: int) -> list[bytes]:
+        lines = [f'{{"n": {n}}}'.encode() for n in range(first, first + count)]
+        with open(path, mode) as f:
+            f.write(b"\n".join(lines) + b"\n")
+        return lines
+
+    gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    gateway.start()
+    try:
+        before = write("wb", 0, 30)
+        wait_until(lambda: lines_in(broker.bootstrap, topic) == {key: before})
+        after = write("wb", 100, 10)  # shorter than what was read: truncated
+        wait_until(lambda: lines_in(broker.bootstrap, topic) == {key: before, f"{key}#2": after})
+    finally:
+        gateway.stop()
+    after += write("ab", 110, 40)  # now longer than generation 1 was
+    restarted = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    restarted.start()
+    try:
+        wait_until(lambda: len(lines_in(broker.bootstrap, topic).get(f"{key}#2", [])) >= len(after))
+        restarted.flush()
+        assert lines_in(broker.bootstrap, topic) == {key: before, f"{key}#2": after}
+    finally:
+        restarted.stop()
