@@ -153,11 +153,13 @@ def plan(files: list[ViewFile], changed: dict[int, int], target: int | None = No
 # -- the Spark side -------------------------------------------------------------------------
 
 
-def _changed_vnodes(spark: SparkSession, changes: dict[str, DataFrame]) -> dict[str, dict[int, int]]:
-    """``sink -> {vnode: changed rows}`` for every sink's changes, with one Spark job."""
+def _changed_vnodes(spark: SparkSession, changes: dict[str, tuple[list[str], DataFrame]]) -> dict[str, dict[int, int]]:
+    """``sink -> {vnode: changed rows}`` for every sink's changes (its row columns and its
+    change rows), with one Spark job."""
     sinks = list(changes)
     parts = [
-        df.select(F.lit(i).alias("_sink"), vnode_of(_columns(df), VNODES).alias(VNODE)) for i, df in enumerate(changes.values())
+        df.select(F.lit(i).alias("_sink"), vnode_of(columns, VNODES).alias(VNODE))
+        for i, (columns, df) in enumerate(changes.values())
     ]
     found: dict[str, dict[int, int]] = {sink: {} for sink in sinks}
     for row in reduce(DataFrame.unionByName, parts).groupBy("_sink", VNODE).count().collect():
@@ -165,16 +167,12 @@ def _changed_vnodes(spark: SparkSession, changes: dict[str, DataFrame]) -> dict[
     return found
 
 
-def _columns(df: DataFrame) -> list[str]:
-    return [c for c in df.columns if c not in (WEIGHT, STEP)]
-
-
-def integrated(old: DataFrame, changes: DataFrame, starts: list[int], partitions: int) -> DataFrame:
+def integrated(old: DataFrame, columns: list[str], changes: DataFrame, starts: list[int], partitions: int) -> DataFrame:
     """The rewritten files' rows: ``old`` (the touched files, a row per copy) plus
-    ``changes``, summed per row, each total ``n > 0`` as ``n`` copies, with :data:`FILE` =
-    the first vnode of its new range (:data:`NEGATIVE` for a negative total, written
-    aside).  One shuffle: rows are sent to their file's task, then grouped there."""
-    columns = _columns(changes)
+    ``changes`` (rows of ``columns`` with a weight), summed per row, each total ``n > 0``
+    as ``n`` copies, with :data:`FILE` = the first vnode of its new range
+    (:data:`NEGATIVE` for a negative total, written aside).  One shuffle: rows are sent
+    to their file's task, then grouped there."""
     rows = old.select(*columns, F.lit(1).cast("bigint").alias(WEIGHT)).unionByName(changes.select(*columns, WEIGHT))
     bounds = F.array(*[F.lit(s) for s in starts])
     rows = rows.withColumn(VNODE, vnode_of(columns, VNODES))
@@ -226,9 +224,10 @@ class CurrentViews:
             tables[sink] = ensure_table(self.uri(sink), pa.schema([pa.field(f.name, _arrow(log, f.name), True) for f in columns]))
             files = [f["uri"] for f in files_of_steps(log, first, step)]
             if files:
-                changes[sink] = read_files(self.spark, log.table_uri, table_schema(log), files).where(
-                    F.col(STEP).between(first, step)
-                )
+                # The row columns, known from the log: asking the frame would be a round trip.
+                changes[sink] = [f.name for f in columns], read_files(
+                    self.spark, log.table_uri, table_schema(log), files
+                ).where(F.col(STEP).between(first, step))
         written, plans = self._rewrite(tables, changes)
         for sink, first in todo.items():
             files = written.get(sink) or WrittenFiles(self.uri(sink), pa.schema(tables[sink].schema().to_arrow()), [])
@@ -238,17 +237,17 @@ class CurrentViews:
             commit(files, VIEW_APP, step, base=tables[sink].version(), remove=removed, metadata=info)
             self.last_rewrite[sink] = (len(files.actions), len(removed))
 
-    def _rewrite(self, tables: dict[str, DeltaTable], changes: dict[str, DataFrame]) -> tuple[dict, dict]:
+    def _rewrite(self, tables: dict[str, DeltaTable], changes: dict[str, tuple[list[str], DataFrame]]) -> tuple[dict, dict]:
         if not changes:
             return {}, {}
         changed = _changed_vnodes(self.spark, changes)
         plans, parts = {}, {}
-        for sink, df in changes.items():
+        for sink, (columns, df) in changes.items():
             table = tables[sink]
             plans[sink] = plan(view_files(table), changed[sink])
             paths = [f"{table.table_uri.rstrip('/')}/{p}" for p in plans[sink].removed]
             old = read_files(self.spark, self.uri(sink), table_schema(table), paths, table.version())
-            parts[sink] = (self.uri(sink), integrated(old, df, plans[sink].starts, self.partitions))
+            parts[sink] = (self.uri(sink), integrated(old, columns, df, plans[sink].starts, self.partitions))
         return write_tables(parts), plans
 
     def versions(self) -> dict[str, int]:
