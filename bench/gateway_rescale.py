@@ -18,9 +18,17 @@ notes when it sees it.  Printed per mode:
 * the throughput dip: lines seen per 100 ms, the lowest bucket from the trigger to 0.5 s
   after the end, against the median and lowest buckets outside the migrations; and the
   lines missing from those buckets below the median, in seconds of the median rate (the
-  lines come later, none is lost: the writer's rate is fixed).
+  lines come later, none is lost: the writer's rate is fixed);
+* the view (unless ``--no-view``): after both runs, each run's topic goes through a durable
+  pipeline (:func:`check_view`: the step reader frames the gateway's messages, one step
+  from each migration's start to its end and one between them, a view holding each line
+  as a row), which must hold every line of every file on disk exactly once, no dead
+  letter, and each file in order (at every step's end a prefix of the file); any breach
+  fails the run (an ``AssertionError`` naming the lines, exit status 1).  Spark Connect
+  starts only then (or use ``--url``), so it does not load the machine during the runs.
 
-Usage: ``.venv/bin/python bench/gateway_rescale.py [--sources 1000] [--rounds 2]``.
+Usage: ``.venv/bin/python bench/gateway_rescale.py [--sources 1000] [--rounds 2]`` (not
+``python -O``: the checks are asserts).
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import on_spark  # noqa: E402
 from sensors.broker import LocalBroker  # noqa: E402
-from tests.sensors.gateway.test_rescale_live import grow_and_rescale  # noqa: E402
+from tests.sensors.gateway.test_rescale_live import check_view, grow_and_rescale  # noqa: E402
 
 BUCKET = 100_000_000  # ns
 
@@ -94,11 +103,17 @@ def main() -> None:
     parser.add_argument("--sources", type=int, default=1000)
     parser.add_argument("--rounds", type=float, default=2.0, help="lines per second per file")
     parser.add_argument("--settle", type=float, default=1.5, help="seconds before, between and after the migrations")
+    parser.add_argument("--no-view", dest="view", action="store_false",
+                        help="skip the check of the view of a durable pipeline over each run's topic")
+    parser.add_argument("--url", help="Spark Connect server for the view check (default: one started for it)")
     args = parser.parse_args()
+    if not __debug__:
+        sys.exit("run without -O: the bench's checks are asserts")
     with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        results = {}
         for name, stopped in (("icadd", False), ("stop-the-world", True)):
-            result = grow_and_rescale(broker.bootstrap, Path(tmp) / name, sources=args.sources, stopped=stopped,
-                                      rounds=args.rounds, settle=args.settle)
+            result = results[name] = grow_and_rescale(broker.bootstrap, Path(tmp) / name, sources=args.sources,
+                                                      stopped=stopped, rounds=args.rounds, settle=args.settle)
             f = figures(result)
             moves = ", ".join(f"{a}->{b}: {m} moved in {s * 1000:.0f} ms" for a, b, m, s in f["migrations"])
             print(f"{name:15s} {moves}; {f['lines']} lines, every one once and in order")
@@ -110,6 +125,17 @@ def main() -> None:
                   f"migrations, lowest {f['lowest_lines_per_100ms']} around them (to 0.5 s after); throughput lost around "
                   f"them: {f['dip_seconds']} s of the median rate",
                   flush=True)
+        if args.view:
+            on_spark(lambda spark, work, _: views(spark, broker.bootstrap, results, work), args, "gateway-rescale-")
+
+
+def views(spark, bootstrap: str, results: dict[str, dict], work: str) -> None:
+    for name, result in results.items():
+        offsets = " | ".join(",".join(str(c[p]) for p in sorted(c)) for c in result["cuts"])
+        v = check_view(spark, bootstrap, result, os.path.join(work, name))  # raises on any line lost, repeated, out of order
+        print(f"{name:15s} view: all {v['lines']} lines of the {v['files']} files exactly once, each file in order "
+              f"(a prefix at every step's end), no dead letter; {v['steps']} steps ending at offsets {offsets} "
+              f"(partition 0,1); {v['seconds']} s", flush=True)
 
 
 if __name__ == "__main__":

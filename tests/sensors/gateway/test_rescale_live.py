@@ -1,14 +1,17 @@
 """Live rescale of the gateway's workers with ICADD (seed 001, issue 16) against the real
 broker: file sources in a growing directory while the gateway goes 2 -> 3 -> 1 I/O
-threads; every line lands once and in order per file, and every source ends on its owner
-under the last layout.  :func:`grow_and_rescale` is also the scenario of
+threads; every line lands once and in order per file, in the topic and in the view of a
+durable pipeline over it (:func:`check_view`), and every source ends on its owner under the
+last layout.  :func:`grow_and_rescale` and :func:`check_view` are also the scenario of
 ``bench/gateway_rescale.py`` (stall and throughput against a stop-the-world rescale)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from dagster_project import cli
 from dagster_project.config import HOME_ENV
+from circuits import Circuit
 from circuits.layouts import initial, rescale
 from sensors.broker import ensure_topics, local_producer_config
 from sensors.gateway.config import FilesSpec, GatewaySpec
@@ -23,13 +27,20 @@ from sensors.gateway.control import call
 from sensors.gateway.errors import GatewayError
 from sensors.gateway.gateway import Gateway
 from sensors.gateway.icadd import Placement
-from sensors.kafka import consumer_config
+from sensors.ingest import KafkaSource, run_steps
+from sensors.kafka import KafkaClient, consumer_config
+from storage.inspect import rows_of_steps
+from storage.logs import Range
+from storage.pipeline import Pipeline
 from tests.sensors.gateway.test_gateway import lines_in, wait_until
+
+LINE = "file int, n bigint, t bigint"
+"""A line's columns: ``{"file": i, "n": n, "t": time_ns}``, the ``n``-th line of file ``i``."""
 
 
 class Writer(threading.Thread):
-    """Appends ``<file> <n> <time_ns>`` lines, one to each file per round, ``rounds`` rounds
-    per second, until stopped; ``written`` keeps them per path."""
+    """Appends :data:`LINE` lines (JSON), one to each file per round, ``rounds`` rounds per
+    second, until stopped; ``written`` keeps them per path."""
 
     def __init__(self, paths: list[str], rounds: float):
         super().__init__(name="writer", daemon=True)
@@ -39,7 +50,7 @@ class Writer(threading.Thread):
 
     def round(self) -> None:
         for i, path in enumerate(self.paths):
-            line = f"{i} {len(self.written[path])} {time.time_ns()}".encode()
+            line = f'{{"file": {i}, "n": {len(self.written[path])}, "t": {time.time_ns()}}}'.encode()
             with open(path, "ab") as f:
                 f.write(line + b"\n")
             self.written[path].append(line)
@@ -71,8 +82,8 @@ class Tail(threading.Thread):
                     if m.error() is not None:
                         continue
                     now = time.time_ns()
-                    self.seen += [(int(f), int(t), now) for f, _, t in
-                                  (line.split() for line in m.value().split(b"\n") if line)]
+                    self.seen += [(r["file"], r["t"], now) for r in
+                                  (json.loads(line) for line in m.value().split(b"\n") if line)]
         finally:
             self.consumer.close()
 
@@ -83,7 +94,9 @@ def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: t
     ``sizes[0]`` I/O threads rescaled to each of ``sizes[1:]`` in turn (ICADD, or stop the
     world when ``stopped``), ``settle`` seconds apart; checks every line is in the topic
     once, in order per file.  Returns the figures: per migration its window, and the lines
-    written during the migrations with their write-to-delivery times, and the files moved."""
+    written during the migrations with their write-to-delivery times, and the files moved;
+    and for :func:`check_view` the topic and ``cuts``, its end offsets per partition just
+    before and just after each migration and at the end."""
     topic = f"gwr-{os.urandom(4).hex()}"
     ensure_topics(bootstrap, {topic: 2}, timeout=5)
     landing = root / "landing"
@@ -96,6 +109,12 @@ def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: t
                         poll_interval=0.02)]
     gateway = Gateway(spec, groups, bootstrap, local_producer_config(), str(root / "gateway"), timeout=30)
     tail = Tail(bootstrap, topic, 2)
+    client = KafkaClient(bootstrap)
+    cuts: list[dict[int, int]] = []
+
+    def cut() -> None:
+        cuts.append({p: high for (_, p), (_, high) in client.offsets([topic]).items()})
+
     gateway.start()
     try:
         wait_until(lambda: sum(f["status"] == "running" for f in gateway.status()["sources"].values()) == sources)
@@ -104,17 +123,20 @@ def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: t
         time.sleep(settle)
         windows = []
         for size in sizes[1:]:
+            cut()
             began = time.time_ns()
             figures = gateway.workers.rescale_stopped(size) if stopped else gateway.rescale(size)["rescale"]
             ended = time.time_ns()
             moved = set(range(sources)) if stopped else {paths.index(k) for k in gateway.workers.moved}
             windows.append((began, ended, figures | {"keys": moved}))
+            cut()
             time.sleep(settle)
         writer.halt.set()
         writer.join()
         gateway.flush()
         wait_until(lambda: len(tail.seen) >= sum(map(len, writer.written.values())), timeout=60)
         assert lines_in(bootstrap, topic) == writer.written
+        cut()
         placement = Placement(gateway.workers.layout)
         threads = {name: f["thread"] for name, f in gateway.status()["sources"].items() if f["status"] == "running"}
         assert len(threads) == sources and all(placement.worker(n) == t for n, t in threads.items())
@@ -125,12 +147,69 @@ def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: t
         gateway.stop()
     tail.join()
     return {"windows": windows, "seen": tail.seen, "paths": paths, "lines": sum(map(len, writer.written.values())),
-            "status": status, "settle": settle}
+            "status": status, "settle": settle, "topic": topic, "cuts": cuts}
+
+
+def lines_circuit() -> Circuit:
+    """The simplest view over the lines: each line a row (its :data:`LINE` columns)."""
+    circuit = Circuit("gateway_lines")
+    circuit.input("lines", LINE).output("view")
+    return circuit
+
+
+def check_view(spark, bootstrap: str, result: dict, root: str) -> dict:
+    """Runs the topic of a :func:`grow_and_rescale` run through a durable pipeline, the way a
+    deployment does (divisions recorded, each step's ranges read and framed by the step
+    reader of :mod:`sensors.decode`, persisted, run, checkpointed), one step per stretch
+    between its ``cuts``; asserts the view (the integral of the outputs) holds every line
+    of every file on disk exactly once, no dead letter, and every file in order: at each
+    step's end the view holds a prefix of the file, i.e. a line's step never decreases
+    with its line number.  The view is a Z-set, so the step at which a line entered it is
+    the only order it has: a line seen before its predecessor, or after its successor,
+    breaks the prefix.  Returns the figures: lines, steps, seconds."""
+    started = time.perf_counter()
+    topic, cuts = result["topic"], result["cuts"]
+    ends = [c for i, c in enumerate(cuts) if i == 0 or c != cuts[i - 1]]  # empty steps dropped
+    pipeline = Pipeline(spark, root, lines_circuit())
+    previous: dict[int, int] = {p: 0 for p in ends[0]}
+    for step, end in enumerate(ends):
+        pipeline.divisions.record(step, [Range(topic, p, previous[p], end[p]) for p in sorted(end)])
+        previous = end
+    last = len(ends) - 1
+    assert list(run_steps(pipeline, KafkaSource(bootstrap, {"lines": topic}), 0, last)) == list(range(len(ends)))
+    dead = rows_of_steps(pipeline.inputs.dead_letters_uri, 0, last)
+    assert dead == 0, f"{dead} dead letter(s): {pipeline.inputs.dead_letters().limit(3).collect()}"
+    changes = Counter()
+    for row in pipeline.outputs.read("view", 0, last).collect():
+        changes[(row["file"], row["n"], row["t"], row["_step"])] += row["_weight"]
+    view = Counter()
+    for (f, n, t, _), w in changes.items():
+        view[(f, n, t)] += w
+    on_disk = Counter()
+    for path in result["paths"]:
+        with open(path, "rb") as lines:
+            on_disk.update((r["file"], r["n"], r["t"]) for r in map(json.loads, lines))
+    lost, extra = on_disk - view, +view - on_disk
+    assert not lost and not extra, f"view against the files: {len(lost)} line(s) lost (e.g. {sorted(lost)[:3]}), " \
+                                   f"{len(extra)} extra or repeated (e.g. {sorted(extra)[:3]})"
+    assert all(w == 1 for w in changes.values()), "a line added more than once, or retracted"
+    steps: dict[int, list[tuple[int, int]]] = {}
+    for f, n, _, step in changes:
+        steps.setdefault(f, []).append((n, step))
+    out_of_order = {f: s for f, s in steps.items() if [st for _, st in sorted(s)] != sorted(st for _, st in s)}
+    assert not out_of_order, f"{len(out_of_order)} file(s) whose lines entered the view out of order, e.g. " \
+                             f"{sorted(next(iter(out_of_order.values())))[:20]} ((line, step))"
+    assert len({step for _, _, _, step in changes}) == len(ends), "a step holds no line"
+    return {"lines": sum(view.values()), "steps": len(ends), "files": len(steps),
+            "seconds": round(time.perf_counter() - started, 1)}
 
 
 @pytest.mark.parametrize("sources", [200])
-def test_live_rescale_2_3_1_every_line_once_in_order(broker, tmp_path, sources):
+def test_live_rescale_2_3_1_every_line_once_in_order(spark, broker, tmp_path, sources):
     result = grow_and_rescale(broker.bootstrap, tmp_path, sources=sources)
+    # In the view too: steps cut just before and just after each migration.
+    view = check_view(spark, broker.bootstrap, result, str(tmp_path / "pipeline"))
+    assert view["lines"] == result["lines"] and view["files"] == sources and view["steps"] >= 3
     status = result["status"]
     assert [w["worker"] for w in status["workers"]] == [0]
     assert all(w["phase"] == "steady" and w["version"] == 2 for w in status["workers"])
