@@ -39,6 +39,7 @@ import os
 from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 from functools import reduce
 
 import pyarrow as pa
@@ -153,13 +154,26 @@ def plan(files: list[ViewFile], changed: dict[int, int], target: int | None = No
 # -- the Spark side -------------------------------------------------------------------------
 
 
-def _changed_vnodes(spark: SparkSession, changes: dict[str, tuple[list[str], DataFrame]]) -> dict[str, dict[int, int]]:
-    """``sink -> {vnode: changed rows}`` for every sink's changes (its row columns and its
-    change rows), with one Spark job."""
+class Change(NamedTuple):
+    """A view's change rows to integrate, read from its output log."""
+
+    columns: list[str]
+    """The view's row columns (the log's, without weight and step)."""
+    rows: DataFrame
+    bound: int | None
+    """At most this many change rows (the log files' row counts), when known."""
+
+    def fits(self, files: list[ViewFile]) -> bool:
+        """Whether the view is at most one file that stays within :data:`FILE_ROWS` with this change."""
+        return self.bound is not None and len(files) <= 1 and sum(f.rows for f in files) + self.bound <= FILE_ROWS
+
+
+def _changed_vnodes(spark: SparkSession, changes: dict[str, Change]) -> dict[str, dict[int, int]]:
+    """``sink -> {vnode: changed rows}`` for every sink's changes, with one Spark job."""
     sinks = list(changes)
     parts = [
         df.select(F.lit(i).alias("_sink"), vnode_of(columns, VNODES).alias(VNODE))
-        for i, (columns, df) in enumerate(changes.values())
+        for i, (columns, df, _) in enumerate(changes.values())
     ]
     found: dict[str, dict[int, int]] = {sink: {} for sink in sinks}
     for row in reduce(DataFrame.unionByName, parts).groupBy("_sink", VNODE).count().collect():
@@ -210,8 +224,9 @@ class CurrentViews:
 
     def update(self, step: int) -> None:
         """Brings every view to the output log's ``step`` (which must be committed there),
-        with at most two Spark jobs for all sinks: one finds the vnodes the changes touch,
-        one rewrites the files holding them.  Views at ``step`` already are left alone."""
+        with at most two Spark jobs for all sinks: one finds the vnodes the changes touch
+        (not needed for views of one small file, see :meth:`Change.fits`), one rewrites
+        the files holding them.  Views at ``step`` already are left alone."""
         todo = {sink: first for sink in self.sinks if (first := self.next_step(sink)) <= step}
         if not todo:
             return
@@ -222,12 +237,17 @@ class CurrentViews:
                 raise ViewError(f"view {sink!r}: the output log {output_uri(self.root, sink)} has no steps; run the step first")
             columns = [f for f in table_schema(log).fields if f.name not in (WEIGHT, STEP)]
             tables[sink] = ensure_table(self.uri(sink), pa.schema([pa.field(f.name, _arrow(log, f.name), True) for f in columns]))
-            files = [f["uri"] for f in files_of_steps(log, first, step)]
+            files = files_of_steps(log, first, step)
             if files:
                 # The row columns, known from the log: asking the frame would be a round trip.
-                changes[sink] = [f.name for f in columns], read_files(
-                    self.spark, log.table_uri, table_schema(log), files
-                ).where(F.col(STEP).between(first, step))
+                rows = [f.get("num_records") for f in files]
+                changes[sink] = Change(
+                    [f.name for f in columns],
+                    read_files(self.spark, log.table_uri, table_schema(log), [f["uri"] for f in files]).where(
+                        F.col(STEP).between(first, step)
+                    ),
+                    None if None in rows else sum(rows),
+                )
         written, plans = self._rewrite(tables, changes)
         for sink, first in todo.items():
             files = written.get(sink) or WrittenFiles(self.uri(sink), pa.schema(tables[sink].schema().to_arrow()), [])
@@ -237,14 +257,20 @@ class CurrentViews:
             commit(files, VIEW_APP, step, base=tables[sink].version(), remove=removed, metadata=info)
             self.last_rewrite[sink] = (len(files.actions), len(removed))
 
-    def _rewrite(self, tables: dict[str, DeltaTable], changes: dict[str, tuple[list[str], DataFrame]]) -> tuple[dict, dict]:
+    def _rewrite(self, tables: dict[str, DeltaTable], changes: dict[str, Change]) -> tuple[dict, dict]:
         if not changes:
             return {}, {}
-        changed = _changed_vnodes(self.spark, changes)
+        files = {sink: view_files(tables[sink]) for sink in changes}
+        # A view in one file that stays small is rewritten whole, as the plan would have it
+        # anyway: no Spark job needs to find the vnodes its change touches.
+        whole = {sink: change.bound for sink, change in changes.items() if change.fits(files[sink])}
+        rest = {sink: change for sink, change in changes.items() if sink not in whole}
+        changed = _changed_vnodes(self.spark, rest) if rest else {}
+        changed |= {sink: {0: rows} if rows else {} for sink, rows in whole.items()}
         plans, parts = {}, {}
-        for sink, (columns, df) in changes.items():
+        for sink, (columns, df, _) in changes.items():
             table = tables[sink]
-            plans[sink] = plan(view_files(table), changed[sink])
+            plans[sink] = plan(files[sink], changed[sink])
             paths = [f"{table.table_uri.rstrip('/')}/{p}" for p in plans[sink].removed]
             old = read_files(self.spark, self.uri(sink), table_schema(table), paths, table.version())
             parts[sink] = (self.uri(sink), integrated(old, columns, df, plans[sink].starts, self.partitions))
