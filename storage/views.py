@@ -39,8 +39,8 @@ import os
 from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
 from functools import reduce
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -235,7 +235,8 @@ class CurrentViews:
             log = open_table(output_uri(self.root, sink))
             if log is None:
                 raise ViewError(f"view {sink!r}: the output log {output_uri(self.root, sink)} has no steps; run the step first")
-            columns = [f for f in table_schema(log).fields if f.name not in (WEIGHT, STEP)]
+            schema = table_schema(log)
+            columns = [f for f in schema.fields if f.name not in (WEIGHT, STEP)]
             tables[sink] = ensure_table(self.uri(sink), pa.schema([pa.field(f.name, _arrow(log, f.name), True) for f in columns]))
             files = files_of_steps(log, first, step)
             if files:
@@ -243,7 +244,7 @@ class CurrentViews:
                 rows = [f.get("num_records") for f in files]
                 changes[sink] = Change(
                     [f.name for f in columns],
-                    read_files(self.spark, log.table_uri, table_schema(log), [f["uri"] for f in files]).where(
+                    read_files(self.spark, log.table_uri, schema, [f["uri"] for f in files]).where(
                         F.col(STEP).between(first, step)
                     ),
                     None if None in rows else sum(rows),
