@@ -143,7 +143,9 @@ class Circuit:
                 continue
             try:
                 schemas = tuple(step.schemas[i] for i in node.inputs) if all(i in step.schemas for i in node.inputs) else None
-                ctx = NodeContext(step, node.label, inputs_append_only, empty[node.id], schemas)
+                ctx = NodeContext(
+                    step, node.label, inputs_append_only, empty[node.id], schemas, tuple(empty[i] for i in node.inputs)
+                )
                 delta = node.operator.evaluate(ctx, *(deltas[i] for i in node.inputs))
                 if analyze:
                     # Any question about the plan makes Spark analyse it (not .schema alone: a
@@ -154,7 +156,7 @@ class Circuit:
                 # Spark plans are trees: a delta read by several operators, or produced by a
                 # stateful one (whose plan is large), is shared so that later plans refer to it
                 # instead of copying its whole subtree.
-                if node.operator.stateful or consumers[node.id] > 1:
+                if consumers[node.id] > 1 or (node.operator.stateful and consumers[node.id]):
                     delta = ctx.share(delta)
                 deltas[node.id] = delta
             except (AnalysisException, ExpressionError) as e:

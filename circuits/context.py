@@ -90,6 +90,14 @@ class NodeContext:
     schemas: tuple[T.StructType, ...] | None = None
     """The schemas of the node's input deltas, when known without asking Spark (see
     :meth:`circuits.circuit.Circuit.check`)."""
+    empty_inputs: tuple[bool, ...] = ()
+    """Which of the node's input deltas are known to be empty this step (fed only by empty
+    inputs): an operator may leave out the terms they contribute nothing to, which Spark
+    would otherwise analyse and optimize away on every step."""
+
+    def is_empty(self, i: int) -> bool:
+        """Whether input ``i``'s delta is known to be empty this step."""
+        return bool(self.empty_inputs) and self.empty_inputs[i]
 
     def schema(self, i: int, delta: DataFrame) -> T.StructType:
         """The schema of input ``i``, whose delta is ``delta``; over Spark Connect, asking

@@ -60,6 +60,8 @@ class Join(Operator):
             )
         d_left = ctx.keyed(left, on)
         d_right = ctx.keyed(right, on)
+        if self.how == "inner" and ctx.is_empty(0) != ctx.is_empty(1):
+            return self._one_sided(ctx, d_left, d_right, on, [*on, *left_only, *right_only])
         touched = add(d_left.select(*ROUTED, *on), d_right.select(*ROUTED, *on)).dropna(subset=on)
         old_left = ctx.lookup("left", touched, on, d_left, null_safe=False)
         old_right = ctx.lookup("right", touched, on, d_right, null_safe=False)
@@ -77,6 +79,17 @@ class Join(Operator):
             pads = [F.lit(None).cast(ctx.schema(1, right)[c].dataType).alias(c) for c in right_only]
             result = add(result, _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, pads))
         return result
+
+    def _one_sided(self, ctx: NodeContext, d_left: DataFrame, d_right: DataFrame, on: list[str], columns: list[str]):
+        """The inner rule when one side's delta is known to be empty: ``ΔA ⋈ B`` (or
+        ``A ⋈ ΔB``).  Only the other side's trace is read, for the keys of the delta."""
+        if ctx.is_empty(1):
+            touched = d_left.select(*ROUTED, *on).dropna(subset=on)
+            ctx.stage("left", d_left)
+            return _inner(d_left, ctx.lookup("right", touched, on, d_right, null_safe=False), on, columns)
+        touched = d_right.select(*ROUTED, *on).dropna(subset=on)
+        ctx.stage("right", d_right)
+        return _inner(ctx.lookup("left", touched, on, d_left, null_safe=False), d_right, on, columns)
 
 
 def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, pads) -> DataFrame:

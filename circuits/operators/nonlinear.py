@@ -125,7 +125,8 @@ class Aggregate(Operator):
                 contributions.append(self._distinct_counts(ctx, column, keys, values))
             ctx.stage(f"values.{column}", values)
         state_columns = self._state_columns()
-        after = (
+        # Read twice: by the state's delta and by the output's.
+        after = ctx.share(
             add(*contributions)
             .groupBy(*ROUTED, *keys)
             .agg(*[self._combine(c) for c in state_columns])
