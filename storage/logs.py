@@ -17,6 +17,7 @@ from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT, with_weight_schema
 
 from .delta import (
+    TABLE_CONFIG,
     WrittenFiles,
     add_actions,
     arrow_schema,
@@ -129,6 +130,7 @@ class DivisionLog:
             self.uri,
             pa.Table.from_pylist(rows, schema=_DIVISION_SCHEMA),
             mode="append",
+            configuration=TABLE_CONFIG,
             commit_properties=CommitProperties(app_transactions=[Transaction("division", step)]),
         )
 
