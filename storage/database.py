@@ -311,9 +311,11 @@ class DeltaStateStore(StateStore):
         table = open_table(self._uri(name))
         # Compare contents, not version numbers: a table restored before holds the pinned
         # contents at a later version, and restoring again would only add versions.
-        if set(table.file_uris()) != set(open_table(self._uri(name), version).file_uris()):
+        if table.version() != version and set(table.file_uris()) != set(open_table(self._uri(name), version).file_uris()):
             _restore_table(table, version)
             table.update_incremental()
+        # The step reads the table at this version: it need not be opened again.
+        self._opened[name] = (table.version(), table)
         return table.version()
 
     def _restore_checkpoints(self, version: int) -> None:

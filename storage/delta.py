@@ -168,10 +168,10 @@ def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFi
         uri, df = parts[name]
         # An existing table's schema is the frame's (a writer's cast fails otherwise), and
         # reading it from the Delta log saves a round trip to Spark.
-        table = open_table(uri)
-        if table is None:
-            table = ensure_table(uri, arrow_schema(df.drop(FILE).schema))
-        targets[i] = (uri, pa.schema(table.schema().to_arrow()))
+        schema = table_arrow_schema(uri)
+        if schema is None:
+            schema = _remember_schema(uri, ensure_table(uri, arrow_schema(df.drop(FILE).schema)))
+        targets[i] = (uri, schema)
     packed = pack({name: df for name, (_, df) in parts.items()})
     try:
         described = map_in_arrow(packed, _writer(targets), FILES_SCHEMA, packed_columns(len(names))).collect()
@@ -202,8 +202,9 @@ def commit(
     ``metadata`` goes into the commit's info (``DeltaTable.history()`` shows it).
     Returns the table's new version.
     """
-    ensure_table(files.uri, files.schema)
-    table = DeltaTable(files.uri, version=base)
+    table = ensure_table(files.uri, files.schema) if base is None else open_table(files.uri, base)
+    if table is None:
+        raise CorruptTableError(f"Delta table {files.uri}: version {base} to commit on is missing")
     actions: list[AddAction | RemoveAction] = list(files.actions)
     if remove:
         now = int(time.time() * 1000)
@@ -247,6 +248,40 @@ def delta_tables(root: str) -> list[str]:
 def transaction_version(uri: str, app_id: str) -> int | None:
     table = open_table(uri)
     return None if table is None else table.transaction_version(app_id)
+
+
+_SCHEMAS: dict[tuple, pa.Schema] = {}
+
+
+def table_arrow_schema(uri: str) -> pa.Schema | None:
+    """The Arrow schema of table ``uri``, or None when there is no table.  The engine never
+    changes a table's schema, so each table's is read from its log once per process."""
+    identity = table_identity(uri)
+    if identity is not None and identity in _SCHEMAS:
+        return _SCHEMAS[identity]
+    table = open_table(uri)
+    return None if table is None else _remember_schema(uri, table)
+
+
+def _remember_schema(uri: str, table: DeltaTable) -> pa.Schema:
+    schema = pa.schema(table.schema().to_arrow())
+    identity = table_identity(uri)
+    if identity is not None:
+        _SCHEMAS[identity] = schema
+    return schema
+
+
+def table_identity(uri: str) -> tuple | None:
+    """Table ``uri`` as created: a local table deleted and created again is another table
+    (its first commit is another file).  None when there is no such local table."""
+    path = uri.removeprefix("file://")
+    if "://" in path:
+        return (uri,)
+    try:
+        first = os.stat(os.path.join(path, "_delta_log", f"{0:020d}.json"))
+    except FileNotFoundError:
+        return None
+    return (uri, first.st_ino, first.st_mtime_ns)
 
 
 def table_schema(table: DeltaTable) -> T.StructType:

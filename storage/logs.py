@@ -24,6 +24,7 @@ from .delta import (
     commit,
     open_table,
     read_files,
+    table_identity,
     table_schema,
     transaction_version,
     write_tables,
@@ -49,6 +50,21 @@ def _next_step(uri: str, app_id: str) -> int:
     """One past the last step recorded under ``app_id`` (0 when none)."""
     last = transaction_version(uri, app_id)
     return 0 if last is None else last + 1
+
+
+_RECORDED: dict[tuple, int] = {}
+
+
+def _recorded(uri: str, app_id: str, step: int) -> bool:
+    """Whether ``step`` is recorded under ``app_id``.  A recorded step stays recorded, so a
+    yes is remembered (per table as created) and asks the table nothing the next time."""
+    key = (table_identity(uri), app_id)
+    if key[0] is not None and _RECORDED.get(key, 0) > step:
+        return True
+    next_step = _next_step(uri, app_id)
+    if key[0] is not None:
+        _RECORDED[key] = max(_RECORDED.get(key, 0), next_step)
+    return next_step > step
 
 
 def files_of_steps(table: DeltaTable | None, first: int, last: int) -> list[dict]:
@@ -197,7 +213,7 @@ class InputLog:
         return os.path.join(self.root, DEAD_LETTERS)
 
     def persisted(self, step: int) -> bool:
-        return all(_next_step(self.uri(h), "input") > step for h in self.schemas)
+        return all(_recorded(self.uri(h), "input", step) for h in self.schemas)
 
     def persist(
         self,
@@ -209,7 +225,7 @@ class InputLog:
         letters (``DEAD_LETTER_SCHEMA``), once, with one Spark job (none when every input
         is absent).  The dead letters are committed before the inputs, whose commits mark
         the step persisted; a failed job commits nothing."""
-        todo = {h: s for h, s in self.schemas.items() if _next_step(self.uri(h), "input") <= step}
+        todo = {h: s for h, s in self.schemas.items() if not _recorded(self.uri(h), "input", step)}
         if not todo:
             return
         parts, written = {}, {}
@@ -219,7 +235,7 @@ class InputLog:
                 written[handle] = WrittenFiles(self.uri(handle), arrow_schema(_step_schema(schema)), [])
             else:
                 parts[handle] = (self.uri(handle), df)
-        if dead_letters is not None and _next_step(self.dead_letters_uri, "dead_letter") <= step:
+        if dead_letters is not None and not _recorded(self.dead_letters_uri, "dead_letter", step):
             parts[DEAD_LETTERS] = (self.dead_letters_uri, dead_letters.select(*DEAD_LETTER_SCHEMA.names))
         if parts:
             step_column = F.lit(step).cast("bigint")
