@@ -80,7 +80,9 @@ class Join(Operator):
             result = add(result, _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, pads))
         return result
 
-    def _one_sided(self, ctx: NodeContext, d_left: DataFrame, d_right: DataFrame, on: list[str], columns: list[str]):
+    def _one_sided(
+        self, ctx: NodeContext, d_left: DataFrame, d_right: DataFrame, on: list[str], columns: list[str]
+    ) -> DataFrame:
         """The inner rule when one side's delta is known to be empty: ``ΔA ⋈ B`` (or
         ``A ⋈ ΔB``).  Only the other side's trace is read, for the keys of the delta."""
         if ctx.is_empty(1):
