@@ -12,6 +12,9 @@ in-process session).
    an idempotent ``foreachBatch`` sink writing ``<out>/batch=<id>``; a batch's latency is
    its ``triggerExecution`` time.  Both: median over batches 1..B (batch 0 is the load),
    shuffle partitions = ``--workers``, and the final result checked against Spark batch SQL.
+   ``--warmup`` batches run on both sides before the measured ones (and are not
+   measured): ours runs first, on the server the run started, whose JIT is still cold
+   then, and SS would otherwise run on the JVM that our steps warmed.
 2. Nexmark views SS refuses: each is started as an SS query in update mode over tiny file
    streams (the error's first line is recorded), then run for two durable steps in this
    engine, whose integrated output is checked against Spark batch SQL over the same input.
@@ -85,11 +88,11 @@ def structured_streaming(spark: SparkSession, args: argparse.Namespace, auction_
     shutil.rmtree(root, ignore_errors=True)
     source, out = os.path.join(root, "input"), os.path.join(root, "output")
     append_file(bids(spark, 0, args.bids, auction_count), source)
-    for batch in range(args.batches):
+    for batch in range(total(args)):
         append_file(bids(spark, args.bids + batch * args.batch_rows, args.batch_rows, auction_count), source)
     spark.readStream.schema(BID_SCHEMA).option("maxFilesPerTrigger", 1).parquet(source).createOrReplaceTempView("bids")
     auctions(spark, auction_count).drop(WEIGHT).createOrReplaceTempView("auctions")
-    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(max(100, args.batches + 10)))
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(max(100, total(args) + 10)))
     spark.conf.set("spark.sql.shuffle.partitions", str(args.workers))
 
     def sink(changes: DataFrame, batch_id: int) -> None:
@@ -105,15 +108,20 @@ def structured_streaming(spark: SparkSession, args: argparse.Namespace, auction_
     )
     query.awaitTermination()
     seconds = {p["batchId"]: p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress}
-    if sorted(seconds) != list(range(args.batches + 1)):
-        raise AssertionError(f"SS ran batches {sorted(seconds)}, expected 0..{args.batches}")
+    if sorted(seconds) != list(range(total(args) + 1)):
+        raise AssertionError(f"SS ran batches {sorted(seconds)}, expected 0..{total(args)}")
     # Update mode emits each changed group's new value: a category's result is its last one.
     latest = Window.partitionBy("category").orderBy(F.col("batch").desc())
     emitted = spark.read.parquet(out).withColumn("_rank", F.row_number().over(latest))
     result = emitted.where("_rank = 1").select("category", "revenue", "bids")
-    if bag(result) != recomputed(spark, auction_count, args.bids + args.batches * args.batch_rows):
+    if bag(result) != recomputed(spark, auction_count, args.bids + total(args) * args.batch_rows):
         raise AssertionError("SS result differs from Spark batch SQL")
-    return [seconds[batch] for batch in range(args.batches + 1)]
+    return [seconds[batch] for batch in range(total(args) + 1)]
+
+
+def total(args: argparse.Namespace) -> int:
+    """Batches after the load, the warm-up ones included."""
+    return args.warmup + args.batches
 
 
 def ours(spark: SparkSession, args: argparse.Namespace, auction_count: int) -> list[float]:
@@ -122,11 +130,11 @@ def ours(spark: SparkSession, args: argparse.Namespace, auction_count: int) -> l
     step = stepper(spark, "bids_by_category", "delta", args.workers, root)
     load = {"auctions": auctions(spark, auction_count), "bids": bids(spark, 0, args.bids, auction_count)}
     seconds = [timed(lambda: step(load))]
-    for batch in range(args.batches):
+    for batch in range(total(args)):
         delta = bids(spark, args.bids + batch * args.batch_rows, args.batch_rows, auction_count)
         seconds.append(timed(lambda delta=delta: step({"bids": delta})))
-    expected = recomputed(spark, auction_count, args.bids + args.batches * args.batch_rows)
-    if integrated_output(spark, root, "bids_by_category", args.batches) != expected:
+    expected = recomputed(spark, auction_count, args.bids + total(args) * args.batch_rows)
+    if integrated_output(spark, root, "bids_by_category", total(args)) != expected:
         raise AssertionError("our integrated output differs from Spark batch SQL")
     return seconds
 
@@ -142,8 +150,12 @@ def latency(spark: SparkSession, args: argparse.Namespace) -> None:
     auction_count = max(args.bids // 15, 1)
     mine = ours(spark, args, auction_count)
     theirs = structured_streaming(spark, args, auction_count)
-    ours_s, ss_s = statistics.median(mine[1:]), statistics.median(theirs[1:])
-    print(f"bids_by_category, {args.workers} workers / shuffle partitions, median of batches 1..{args.batches}")
+    measured = slice(1 + args.warmup, None)
+    ours_s, ss_s = statistics.median(mine[measured]), statistics.median(theirs[measured])
+    print(
+        f"bids_by_category, {args.workers} workers / shuffle partitions, median of batches "
+        f"{args.warmup + 1}..{total(args)} (after {args.warmup} warm-up batches)"
+    )
     print(
         f"{'state bids':>11} {'batch rows':>10} {'batches':>7} {'ours load s':>11} {'SS load s':>9} "
         f"{'ours s':>7} {'SS s':>7} {'ours/SS':>7}"
@@ -236,7 +248,8 @@ def refusals(spark: SparkSession, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bids", type=int, default=100_000, help="bids loaded in batch 0")
-    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--batches", type=int, default=10, help="measured batches")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured batches first, on both sides")
     parser.add_argument("--batch-rows", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--part", choices=["latency", "refusals", "both"], default="both")
