@@ -71,9 +71,10 @@ class Join(Operator):
         ctx.stage("right", d_right)
 
         columns = [*on, *left_only, *right_only]
+        build = ctx.step.build
         result = add(
-            _inner(d_left, add(old_right, d_right), on, columns),
-            _inner(old_left, d_right, on, columns),
+            _inner(d_left, build(add(old_right, d_right)), on, columns),
+            _inner(old_left, build(d_right), on, columns),
         )
         if self.how == "left":
             pads = [F.lit(None).cast(ctx.schema(1, right)[c].dataType).alias(c) for c in right_only]
@@ -88,10 +89,10 @@ class Join(Operator):
         if ctx.is_empty(1):
             touched = d_left.select(*ROUTED, *on).dropna(subset=on)
             ctx.stage("left", d_left)
-            return _inner(d_left, ctx.lookup("right", touched, on, d_right, null_safe=False), on, columns)
+            return _inner(d_left, ctx.step.build(ctx.lookup("right", touched, on, d_right, null_safe=False)), on, columns)
         touched = d_right.select(*ROUTED, *on).dropna(subset=on)
         ctx.stage("right", d_right)
-        return _inner(ctx.lookup("left", touched, on, d_left, null_safe=False), d_right, on, columns)
+        return _inner(ctx.lookup("left", touched, on, d_left, null_safe=False), ctx.step.build(d_right), on, columns)
 
 
 def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, pads) -> DataFrame:
