@@ -10,11 +10,11 @@ in-process session).
    batch (the initial bids first), read with ``maxFilesPerTrigger`` 1 and joined to the
    auctions as a static DataFrame, aggregated in update mode with a checkpoint on disk and
    an idempotent ``foreachBatch`` sink writing ``<out>/batch=<id>``; a batch's latency is
-   its ``triggerExecution`` time.  Both: median over batches 1..B (batch 0 is the load),
-   shuffle partitions = ``--workers``, and the final result checked against Spark batch SQL.
-   ``--warmup`` batches run on both sides before the measured ones (and are not
-   measured): ours runs first, on the server the run started, whose JIT is still cold
-   then, and SS would otherwise run on the JVM that our steps warmed.
+   its ``triggerExecution`` time.  Both: batch 0 is the load, then ``--warmup`` unmeasured
+   batches (ours runs first, on the server the run started, whose JIT is still cold then,
+   and SS would otherwise run on the JVM that our steps warmed), then the median over the
+   ``--batches`` measured ones; shuffle partitions = ``--workers``, and the final result
+   checked against Spark batch SQL.
 2. Nexmark views SS refuses: each is started as an SS query in update mode over tiny file
    streams (the error's first line is recorded), then run for two durable steps in this
    engine, whose integrated output is checked against Spark batch SQL over the same input.

@@ -156,7 +156,7 @@ class Circuit:
                 # Spark plans are trees: a delta read by several operators, or produced by a
                 # stateful one (whose plan is large) and read by another (which may read its
                 # input in several terms), is shared so that later plans refer to it instead of
-                # copying its whole subtree.  An output only is written once: no copy.
+                # copying its whole subtree.  An output no operator reads is only written: no copy.
                 if consumers[node.id] > 1 or (node.operator.stateful and consumers[node.id]):
                     delta = ctx.share(delta)
                 deltas[node.id] = delta

@@ -168,10 +168,7 @@ def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFi
         uri, df = parts[name]
         # An existing table's schema is the frame's (a writer's cast fails otherwise), and
         # reading it from the Delta log saves a round trip to Spark.
-        schema = table_arrow_schema(uri)
-        if schema is None:
-            schema = _remember_schema(uri, ensure_table(uri, arrow_schema(df.drop(FILE).schema)))
-        targets[i] = (uri, schema)
+        targets[i] = (uri, ensured_schema(uri, lambda df=df: arrow_schema(df.drop(FILE).schema)))
     packed = pack({name: df for name, (_, df) in parts.items()})
     try:
         described = map_in_arrow(packed, _writer(targets), FILES_SCHEMA, packed_columns(len(names))).collect()
@@ -253,20 +250,19 @@ def transaction_version(uri: str, app_id: str) -> int | None:
 _SCHEMAS: dict[tuple, pa.Schema] = {}
 
 
-def table_arrow_schema(uri: str) -> pa.Schema | None:
-    """The Arrow schema of table ``uri``, or None when there is no table.  The engine never
-    changes a table's schema, so each table's is read from its log once per process."""
+def ensured_schema(uri: str, schema_if_new: Callable[[], pa.Schema]) -> pa.Schema:
+    """The Arrow schema of table ``uri``, created with ``schema_if_new()`` when missing.  The
+    engine never changes a table's schema, so each table's is read from its log once per
+    process."""
     identity = table_identity(uri)
     if identity is not None and identity in _SCHEMAS:
         return _SCHEMAS[identity]
     table = open_table(uri)
-    return None if table is None else _remember_schema(uri, table)
-
-
-def _remember_schema(uri: str, table: DeltaTable) -> pa.Schema:
+    if table is None:
+        table = ensure_table(uri, schema_if_new())
     schema = pa.schema(table.schema().to_arrow())
     identity = table_identity(uri)
-    if identity is not None:
+    if identity is not None:  # None: a table whose first commit file is gone (an older log cleanup)
         _SCHEMAS[identity] = schema
     return schema
 
