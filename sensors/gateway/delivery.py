@@ -94,7 +94,11 @@ class Delivery:
         release: Callable[[Buffer], None],
         on_failure: Callable[[str, int], None],
     ) -> None:
-        self._producer = Producer(client_config(bootstrap_servers, {"linger.ms": 0, **(config or {})}))
+        # Idempotence: a retried request is neither written twice nor reordered.  The step's
+        # reader skips a source's bytes below what it already read, so a later range landing
+        # before an earlier one would lose the earlier one.
+        self._producer = Producer(client_config(bootstrap_servers,
+                                                {"linger.ms": 0, "enable.idempotence": True, **(config or {})}))
         self._release = release
         self._on_failure = on_failure
         self._sources: dict[str, _Source] = {}

@@ -43,6 +43,14 @@ def wait_until(predicate, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def wait_for_lines(bootstrap: str, topic: str, expected: dict[str, list[bytes]], timeout: float = 30.0) -> None:
+    """Wait until the topic holds exactly ``expected``; on time-out, fail showing the difference."""
+    deadline = time.monotonic() + timeout
+    while (found := lines_in(bootstrap, topic)) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert found == expected
+
+
 @pytest.fixture
 def topic(broker):
     name = f"gw-{os.urandom(4).hex()}"
@@ -83,15 +91,16 @@ def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, 
     for device in devices:
         device.close()
     wait_until(lambda: all(f["status"] == "finished" for n, f in gateway.status()["sources"].items() if n.startswith("dev:")))
+    # The files are found by polling their directory, so they may land after the connections.
+    wait_for_lines(broker.bootstrap, topic, written | sent)
     assert running_url(home) == gateway.control.url
     figures = call(gateway.control.url, "/flush", timeout=10)
     assert figures["cursor_version"] >= 0
-    assert lines_in(broker.bootstrap, topic) == written | sent
 
     # Delivered after the last cursor commit: a restart must find these on the broker, not resend them.
     for path in files.values():
         append(path, 50, 20)
-    wait_until(lambda: lines_in(broker.bootstrap, topic) == written | sent)
+    wait_for_lines(broker.bootstrap, topic, written | sent)
     # A crash: the gateway dies without committing its cursors again.
     gateway.executor.stop()
     gateway.delivery.close()
@@ -103,7 +112,7 @@ def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, 
     try:
         wait_until(lambda: sum(f["bytes"] for n, f in restarted.status()["sources"].items()) > 0)
         restarted.flush()
-        wait_until(lambda: lines_in(broker.bootstrap, topic) == written | sent)
+        wait_for_lines(broker.bootstrap, topic, written | sent)
     finally:
         restarted.stop()
 
@@ -129,9 +138,9 @@ def test_a_truncated_file_resumes_at_its_generation_after_a_restart(broker, topi
     gateway.start()
     try:
         before = write("wb", 0, 30)
-        wait_until(lambda: lines_in(broker.bootstrap, topic) == {key: before})
+        wait_for_lines(broker.bootstrap, topic, {key: before})
         after = write("wb", 100, 10)  # shorter than what was read: truncated
-        wait_until(lambda: lines_in(broker.bootstrap, topic) == {key: before, f"{key}#2": after})
+        wait_for_lines(broker.bootstrap, topic, {key: before, f"{key}#2": after})
     finally:
         gateway.stop()
     after += write("ab", 110, 40)  # now longer than generation 1 was
