@@ -51,6 +51,30 @@ def bids(spark: SparkSession, first: int, count: int, auction_count: int) -> Dat
     )
 
 
+SPARK_DEFAULTS = {
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.autoBroadcastJoinThreshold": "10MB",
+    "spark.sql.requireAllClusterKeysForCoPartition": "true",
+    "spark.sql.maxSinglePartitionBytes": "128MB",
+    "spark.sql.constraintPropagation.enabled": "true",
+    "spark.sql.optimizer.excludedRules": "",
+    "spark.sql.codegen.wholeStage": "true",
+    "spark.sql.codegen.factoryMode": "FALLBACK",
+}
+"""Spark's defaults of the settings the engine changes in its session that bear on a batch
+or streaming query (``circuits.spark.ENGINE_CONF``, ``INTERPRETED``)."""
+
+
+def peer_session(spark: SparkSession) -> SparkSession:
+    """A session of its own on ``spark``'s server or JVM for the peer (Spark batch SQL,
+    Structured Streaming), with Spark's defaults: in the engine's session the peer ran with
+    adaptive execution and broadcast joins off and, after a small step, interpreted rows."""
+    peer = spark.newSession()
+    for key, value in SPARK_DEFAULTS.items():
+        peer.conf.set(key, value)
+    return peer
+
+
 def timed(action) -> float:
     started = time.perf_counter()
     action()

@@ -8,7 +8,8 @@ over ``--bids // 15`` auctions (the Nexmark 46:3 ratio), loaded in step 0.  Then
 step; with ``--store memory`` that is ``StepRunner.step`` (plan + the step's one fused
 Spark job + state update) on the in-memory store; with ``--store delta`` it is a durable
 step of ``storage.pipeline.Pipeline``: input persisted, state and output committed to
-Delta, checkpoint committed.  Peer, same session and data: Spark batch SQL computing the
+Delta, checkpoint committed.  Peer, same server and data, in a session of its own with
+Spark's default settings (``common.peer_session``): Spark batch SQL computing the
 same view over the integrated inputs, median of as many runs.  Over several fractions it
 also prints the marginal cost of a delta row (the step's extra seconds per extra delta row,
 smallest to largest fraction) against the recompute's cost per row of state.
@@ -25,7 +26,7 @@ import argparse
 import statistics
 from collections import Counter
 
-from common import auctions, bids, integrated_output, on_spark, rounded, stepper, timed
+from common import auctions, bids, integrated_output, on_spark, peer_session, rounded, stepper, timed
 from pyspark.sql import SparkSession
 
 from circuits.library.nexmark_queries import RECOMPUTE_SQL as RECOMPUTE
@@ -37,9 +38,9 @@ def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int) -> l
     fractions in the order given (so a later series starts from the state the earlier ones grew)."""
     auction_count = max(total_bids // 15, 1)
     step = stepper(spark, args.query, args.store, args.workers, args.root)
-    auction_rows = auctions(spark, auction_count)
-    load = timed(lambda: step({"auctions": auction_rows, "bids": bids(spark, 0, total_bids, auction_count)}))
-    auction_rows.drop("_weight").createOrReplaceTempView("auctions")
+    load = timed(lambda: step({"auctions": auctions(spark, auction_count), "bids": bids(spark, 0, total_bids, auction_count)}))
+    peer = peer_session(spark)
+    auctions(peer, auction_count).drop("_weight").createOrReplaceTempView("auctions")
     rows, next_id = [], total_bids
     for fraction in args.fractions:
         delta = max(int(total_bids * fraction), 1)
@@ -48,8 +49,8 @@ def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int) -> l
             batch = bids(spark, next_id, delta, auction_count)
             ours.append(timed(lambda batch=batch: step({"bids": batch})))
             next_id += delta
-            bids(spark, 0, next_id, auction_count).drop("_weight").createOrReplaceTempView("bids")
-            recompute.append(timed(lambda: spark.sql(RECOMPUTE[args.query]).collect()))
+            bids(peer, 0, next_id, auction_count).drop("_weight").createOrReplaceTempView("bids")
+            recompute.append(timed(lambda: peer.sql(RECOMPUTE[args.query]).collect()))
         rows.append(
             {
                 "state_bids": state,
@@ -60,7 +61,7 @@ def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int) -> l
             }
         )
     if args.store == "delta":
-        expected = Counter(tuple(r) for r in spark.sql(RECOMPUTE[args.query]).collect())
+        expected = Counter(tuple(r) for r in peer.sql(RECOMPUTE[args.query]).collect())
         last = len(args.fractions) * args.steps
         same = rounded(integrated_output(spark, args.root, args.query, last)) == rounded(expected)
         print(f"integrated output of steps 0..{last} equals the recompute: {same}")

@@ -1,12 +1,13 @@
-"""This engine against Spark Structured Streaming (SS), same machine, SparkSession and data, on a
-Spark Connect server started for the run (``--url`` names a running one; ``--classic``: an
+"""This engine against Spark Structured Streaming (SS), same machine and data, on a Spark
+Connect server started for the run (``--url`` names a running one; ``--classic``: an
 in-process session).
 
 1. Per-step latency of bids revenue by category (bids JOIN auctions, then an aggregate).
    State: ``--bids`` bids over ``--bids // 15`` auctions, then ``--batches`` micro-batches
    of ``--batch-rows`` new bids.  Ours: a durable step of ``storage.pipeline.Pipeline``
    per batch (input persisted, state and output committed to Delta, checkpoint committed),
-   the initial bids and the auctions in step 0.  SS: the same bids as one Parquet file per
+   the initial bids and the auctions in step 0.  SS, in a session of its own with Spark's
+   default settings (``common.peer_session``): the same bids as one Parquet file per
    batch (the initial bids first), read with ``maxFilesPerTrigger`` 1 and joined to the
    auctions as a static DataFrame, aggregated in update mode with a checkpoint on disk and
    an idempotent ``foreachBatch`` sink writing ``<out>/batch=<id>``; a batch's latency is
@@ -30,7 +31,7 @@ import shutil
 import statistics
 from collections import Counter
 
-from common import auctions, bids, integrated_output, on_spark, rounded, stepper, timed
+from common import auctions, bids, integrated_output, on_spark, peer_session, rounded, stepper, timed
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -149,7 +150,7 @@ def recomputed(spark: SparkSession, auction_count: int, bid_count: int) -> Count
 def latency(spark: SparkSession, args: argparse.Namespace) -> None:
     auction_count = max(args.bids // 15, 1)
     mine = ours(spark, args, auction_count)
-    theirs = structured_streaming(spark, args, auction_count)
+    theirs = structured_streaming(peer_session(spark), args, auction_count)
     measured = slice(1 + args.warmup, None)
     ours_s, ss_s = statistics.median(mine[measured]), statistics.median(theirs[measured])
     print(
