@@ -31,6 +31,11 @@ OUTPUT = "output:"
 SMALL_STEP_ROWS = 100_000
 """A step of at most this many input rows runs in one Spark partition, as one stage:
 below it, exchanging rows between workers costs more than the parallelism saves."""
+INTERPRETED_STEP_ROWS = 20_000
+"""A step of at most this many input rows interprets its rows; a larger one compiles
+(whole-stage code generation).  On ``bids_by_category`` at 1M rows of state, after a few
+steps had compiled its code, compiled against interpreted: about even at 10,000 rows, 4%
+faster at 30,000 and 20-25% at 100,000 (``bench/RESULTS.md``, session 12)."""
 STATE = "state:"
 
 
@@ -148,7 +153,9 @@ class StepRunner:
         single = rows is not None and rows <= self.small_step_rows
         # Spark's own shuffles (there should be none left after the exchanges) use one
         # partition per worker.
-        self._configure({"spark.sql.shuffle.partitions": str(self.layout.workers), **(INTERPRETED if single else COMPILED)})
+        interpreted = rows is not None and rows <= INTERPRETED_STEP_ROWS
+        self._configure({"spark.sql.shuffle.partitions": str(self.layout.workers),
+                         **(INTERPRETED if interpreted else COMPILED)})
         if retracting is None:
             retracting = _retracting({name: full[name] for name in self.append_only})
         append_only = self.append_only - set(retracting)

@@ -66,7 +66,7 @@ INTERPRETED = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
-"""Settings of a small step (see :attr:`circuits.context.StepContext.single`)."""
+"""Settings of a step of few rows (see :data:`circuits.runner.INTERPRETED_STEP_ROWS`)."""
 COMPILED = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
 """Settings of any other step: Spark's defaults."""
 
@@ -85,6 +85,10 @@ SERVER_CONF = {
     # once the step ends.  The cleaner frees them after a JVM garbage collection; ask for
     # one every minute rather than every 30.
     "spark.cleaner.periodicGC.interval": "1min",
+    # A large step runs compiled (see circuits.runner.INTERPRETED_STEP_ROWS), and one step
+    # of several views compiles hundreds of classes: at the default 100 entries each step
+    # evicted the previous one's and compiled them again.
+    "spark.sql.codegen.cache.maxEntries": "5000",
 }
 """Settings of the Spark application itself (a classic session's, or a Connect server's)."""
 
