@@ -260,8 +260,8 @@ def ensured_schema(uri: str, schema_if_new: Callable[[], pa.Schema]) -> pa.Schem
     table = open_table(uri)
     if table is None:
         table = ensure_table(uri, schema_if_new())
+        identity = table_identity(uri)  # the table's first commit file exists only now
     schema = pa.schema(table.schema().to_arrow())
-    identity = table_identity(uri)
     if identity is not None:  # None: a table whose first commit file is gone (an older log cleanup)
         _SCHEMAS[identity] = schema
     return schema

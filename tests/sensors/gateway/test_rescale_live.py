@@ -32,7 +32,7 @@ from sensors.kafka import KafkaClient, consumer_config
 from storage.inspect import rows_of_steps
 from storage.logs import Range
 from storage.pipeline import Pipeline
-from tests.sensors.gateway.test_gateway import lines_in, wait_until
+from tests.sensors.gateway.test_gateway import lines_in, wait_for_lines, wait_until
 
 LINE = "file int, n bigint, t bigint"
 """A line's columns: ``{"file": i, "n": n, "t": time_ns}``, the ``n``-th line of file ``i``."""
@@ -362,7 +362,7 @@ def test_a_moving_tcp_connection_is_closed_and_the_device_reconnects_to_its_new_
             send(device, name, 5)
         wait_until(lambda: sum(f["status"] == "running" for f in gateway.status()["sources"].values()) == 12)
         gateway.flush()
-        wait_until(lambda: lines_in(broker.bootstrap, topic) == sent)
+        wait_for_lines(broker.bootstrap, topic, sent)
         on_1 = {n for n, f in gateway.status()["sources"].items() if f["thread"] == 1}
         assert on_1 and len(on_1) < 12
         assert gateway.rescale(1)["rescale"]["moved"] == len(on_1)
@@ -380,7 +380,7 @@ def test_a_moving_tcp_connection_is_closed_and_the_device_reconnects_to_its_new_
         wait_until(lambda: sum(f["status"] == "running" for f in gateway.status()["sources"].values()) == 12)
         assert all(f["thread"] == 0 for f in gateway.status()["sources"].values() if f["status"] == "running")
         gateway.flush()
-        wait_until(lambda: lines_in(broker.bootstrap, topic) == sent)
+        wait_for_lines(broker.bootstrap, topic, sent)
     finally:
         for device in devices.values():
             device.close()
