@@ -303,8 +303,11 @@ def _gateway_status(args: argparse.Namespace) -> int:
     for name, f in ranked[: args.limit]:
         table.add_row(name, f["status"], f"{f['bytes']:,}", f"{f.get('acked', 0):,}", str(f["buffers"]),
                       str(f.get("waits", 0)), str(f["errors"]), f.get("last_error") or "")
-    table.columns[0].overflow = "fold"  # a file source's id is its path: never cut it short
-    Console(width=max(Console().width, 140)).print(table)
+    # A file source's id is its path: never cut or fold it (a folded name cannot be found
+    # with grep, nor copied), so the table is as wide as the longest id needs.
+    source = table.columns[0]
+    source.no_wrap, source.min_width = True, max((len(name) for name, _ in ranked[: args.limit]), default=6)
+    Console(width=max(Console().width, 140, source.min_width + 100)).print(table)
     if len(ranked) > args.limit:
         print(f"({len(ranked) - args.limit} more sources; --limit N or --json shows them)")
     return 0
