@@ -19,6 +19,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
@@ -321,8 +323,7 @@ class DeltaStateStore(StateStore):
     def _restore_checkpoints(self, version: int) -> None:
         table = open_table(self.checkpoints_uri)
         for delta_version in range(table.version(), -1, -1):
-            rows = open_table(self.checkpoints_uri, delta_version).to_pyarrow_table().column("version").to_pylist()
-            if max(rows, default=0) <= version:
+            if (_newest(open_table(self.checkpoints_uri, delta_version)) or 0) <= version:
                 _restore_table(table, delta_version)
                 return
 
@@ -371,10 +372,29 @@ def _check_format(root: str, record: dict) -> None:
 
 
 def _checkpoint_rows(uri: str) -> list[dict]:
+    """The rows of the openable checkpoints (see :func:`_openable`), oldest first: all that
+    opening, recovery and vacuum need.  The table gains a file per checkpoint; only the
+    files whose statistics admit those versions are read (reading every file made each
+    run's open cost more the older the pipeline: 85 ms per run at 40 checkpoints)."""
     table = open_table(uri)
-    if table is None:
+    newest = None if table is None else _newest(table)
+    if newest is None:
         return []
-    return sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["version"])
+    # Not through to_pyarrow_dataset(file_pruning_predicate=...): with deltalake 1.6 the
+    # process then aborts at exit.  A file without statistics is selected too.
+    files = table.file_uris(file_pruning_predicate=[("version", ">=", newest - 1)])
+    rows = sorted(pa.concat_tables([pq.read_table(f) for f in files]).to_pylist(), key=lambda r: r["version"])
+    return [r for r in rows if r["version"] in _openable(rows)]
+
+
+def _newest(table: DeltaTable) -> int | None:
+    """The newest checkpoint in ``table`` (a version of the checkpoint table), by its files'
+    statistics; files without them are read.  None: no checkpoint."""
+    actions = add_actions(table)
+    stats = actions.column("max.version") if "max.version" in actions.column_names else None
+    if actions.num_rows and (stats is None or stats.null_count):
+        return max(table.to_pyarrow_table(columns=["version"]).column("version").to_pylist())
+    return None if stats is None else pc.max(stats).as_py()
 
 
 def latest_checkpoint(root: str) -> tuple[int, int, dict]:

@@ -6,6 +6,7 @@ import os
 import threading
 from collections import Counter
 
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -114,6 +115,24 @@ def test_a_run_verifies_only_its_own_replays(spark, pipeline, tmp_path):
     other.run()
     pipeline.outputs.write(0, other.state.written_outputs)  # a differing replay, left by a run that then failed
     assert pipeline.run() == 3
+
+
+def test_opening_reads_only_the_openable_checkpoints(tmp_path):
+    """A run opens the state by the latest two checkpoints' files alone, so its cost does
+    not grow with the pipeline's age: older checkpoints' files are never read again."""
+    store = database.DeltaStateStore(None, str(tmp_path))  # no state tables: no Spark needed
+    for step in range(1, 6):
+        store.open(store.versions()[-1])
+        store.set_step(step)
+        store.set_meta("at", str(step))
+        store.commit()
+    for f in DeltaTable(store.checkpoints_uri).file_uris():  # 3 stays: openable once 5 is discarded
+        if pq.read_table(f).column("version")[0].as_py() < 3:
+            os.remove(f)
+    assert store.versions() == range(4, 6)
+    store.open(4)  # the earlier openable checkpoint: checkpoint 5 is discarded
+    assert (store.get_step(), store.get_meta("at")) == (4, "4")
+    assert database.latest_checkpoint(str(tmp_path)) == (4, 4, {"at": "4"})
 
 
 def test_a_division_is_written_once(tmp_path):
