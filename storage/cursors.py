@@ -16,7 +16,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from .delta import ensure_table, open_table
+from .delta import dataset, ensure_table, open_table
 from .errors import StorageError
 
 CURSOR_SCHEMA = pa.schema(
@@ -44,7 +44,7 @@ class CursorStore:
     def load(self) -> Cursors:
         """The last committed cursors (empty when none were committed)."""
         table = open_table(self.uri)
-        rows = [] if table is None else table.to_pyarrow_table().to_pylist()
+        rows = [] if table is None else dataset(table).to_table().to_pylist()
         return Cursors(
             positions={(r["topic"], r["source"]): r["position"] for r in rows if r["source"] is not None},
             read_back={(r["topic"], r["partition"]): r["position"] for r in rows if r["source"] is None},

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
@@ -36,6 +35,7 @@ from .delta import (
     WrittenFiles,
     add_actions,
     commit,
+    dataset,
     ensure_table,
     open_table,
     paths,
@@ -380,10 +380,8 @@ def _checkpoint_rows(uri: str) -> list[dict]:
     newest = None if table is None else _newest(table)
     if newest is None:
         return []
-    # Not through to_pyarrow_dataset(file_pruning_predicate=...): with deltalake 1.6 the
-    # process then aborts at exit.  A file without statistics is selected too.
-    files = table.file_uris(file_pruning_predicate=[("version", ">=", newest - 1)])
-    rows = sorted(pa.concat_tables([pq.read_table(f) for f in files]).to_pylist(), key=lambda r: r["version"])
+    # A file without statistics is read too.
+    rows = sorted(dataset(table, [("version", ">=", newest - 1)]).to_table().to_pylist(), key=lambda r: r["version"])
     return [r for r in rows if r["version"] in _openable(rows)]
 
 
@@ -393,7 +391,7 @@ def _newest(table: DeltaTable) -> int | None:
     actions = add_actions(table)
     stats = actions.column("max.version") if "max.version" in actions.column_names else None
     if actions.num_rows and (stats is None or stats.null_count):
-        return max(table.to_pyarrow_table(columns=["version"]).column("version").to_pylist())
+        return max(dataset(table).to_table(columns=["version"]).column("version").to_pylist())
     return None if stats is None else pc.max(stats).as_py()
 
 

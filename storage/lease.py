@@ -20,7 +20,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from .delta import ensure_table, open_table
+from .delta import dataset, ensure_table, open_table
 from .errors import LeaseHeldError, StorageError
 
 _SCHEMA = pa.schema(
@@ -104,7 +104,7 @@ class Lease:
 
 
 def _latest(table) -> LeaseRecord | None:
-    rows = table.to_pyarrow_table().to_pylist()
+    rows = dataset(table).to_table().to_pylist()
     if not rows:
         return None
     return LeaseRecord(**max(rows, key=lambda r: (r["token"], r["released"])))

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -21,7 +22,9 @@ from .delta import (
     WrittenFiles,
     add_actions,
     arrow_schema,
+    dataset,
     commit,
+    latest,
     open_table,
     read_files,
     table_identity,
@@ -142,13 +145,14 @@ class DivisionLog:
         if step > expected:
             raise StepOrderError(f"cannot record the division of step {step}: step {expected} is not recorded yet")
         rows = [{"step": step, "source": r.source, "partition": r.partition, "start": r.start, "end": r.end} for r in ranges]
-        write_deltalake(
-            self.uri,
-            pa.Table.from_pylist(rows, schema=_DIVISION_SCHEMA),
-            mode="append",
-            configuration=TABLE_CONFIG,
-            commit_properties=CommitProperties(app_transactions=[Transaction("division", step)]),
-        )
+        with latest(self.uri) as table:
+            write_deltalake(
+                self.uri if table is None else table,
+                pa.Table.from_pylist(rows, schema=_DIVISION_SCHEMA),
+                mode="append",
+                configuration=TABLE_CONFIG,
+                commit_properties=CommitProperties(app_transactions=[Transaction("division", step)]),
+            )
 
     def last_recorded_at(self) -> float | None:
         """When the latest division was recorded (seconds since the epoch), None before the first."""
@@ -159,7 +163,7 @@ class DivisionLog:
         table = open_table(self.uri)
         if table is None:
             return []
-        data = table.to_pyarrow_table(filters=[("step", "=", step)])
+        data = dataset(table, [("step", "=", step)]).to_table(filter=pc.field("step") == step)
         return sorted(
             (Range(r["source"], r["partition"], r["start"], r["end"]) for r in data.to_pylist()),
             key=lambda r: (r.source, r.partition),
@@ -168,7 +172,7 @@ class DivisionLog:
     def all(self) -> dict[int, list[Range]]:
         table = open_table(self.uri)
         out: dict[int, list[Range]] = {}
-        for r in ([] if table is None else table.to_pyarrow_table().to_pylist()):
+        for r in ([] if table is None else dataset(table).to_table().to_pylist()):
             out.setdefault(r["step"], []).append(Range(r["source"], r["partition"], r["start"], r["end"]))
         return {s: sorted(rs, key=lambda r: (r.source, r.partition)) for s, rs in sorted(out.items())}
 

@@ -37,7 +37,7 @@ from circuits.klogs import KLogsCircuit
 from circuits.operators.keyed import KEY, ORD, VALUE
 from circuits.zset import WEIGHT
 
-from .delta import ensure_table, open_table
+from .delta import dataset, ensure_table, open_table
 from .errors import StaleWriterError, StorageError
 from .logs import STEP, output_uri
 
@@ -78,7 +78,7 @@ def offset_of(ord_: Iterable[int]) -> str:
 
 def _rows(uri: str, filters: pc.Expression | None = None) -> pa.Table | None:
     table = open_table(uri)
-    return None if table is None else table.to_pyarrow_dataset().to_table(filter=filters)
+    return None if table is None else dataset(table).to_table(filter=filters)
 
 
 def _relevant(stage: str, step: int, epoch: int) -> pc.Expression:
@@ -143,7 +143,7 @@ class TokenStore:
         table = open_table(self.uri)
         if table is None:
             return 0
-        rows = table.to_pyarrow_dataset().to_table(columns=["stage", "step", "epoch"])
+        rows = dataset(table).to_table(columns=["stage", "step", "epoch"])
         old = pc.less(rows.column("step"), before)
         if not pc.any(old).as_py():
             return 0

@@ -57,6 +57,7 @@ from .delta import (
     WrittenFiles,
     add_actions,
     commit,
+    dataset,
     ensure_table,
     file_key,
     open_table,
@@ -352,8 +353,8 @@ def read_view(root: str, sink: str, step: int | None = None, limit: int | None =
             f"checkpoints and the latest one; readable steps: {kept}"
         )
     rows = sum(n or 0 for n in add_actions(table).column("num_records").to_pylist())
-    dataset = table.to_pyarrow_dataset()
-    return ViewSnapshot(sink, at, version, rows, dataset.to_table() if limit is None else dataset.head(limit))
+    data = dataset(table)
+    return ViewSnapshot(sink, at, version, rows, data.to_table() if limit is None else data.head(limit))
 
 
 def _version_of_step(uri: str, sink: str, step: int, committed: int) -> int:
