@@ -292,9 +292,9 @@ def add_actions(table: DeltaTable) -> pa.Table:
 def dataset(table: DeltaTable, pruning: list[tuple] | None = None) -> ds.Dataset:
     """The rows of ``table``'s version (of its files that ``pruning``'s filters admit by
     their statistics, see ``DeltaTable.file_uris``), read with pyarrow's own file system.
-    Reading through delta-rs's (``to_pyarrow_table``, ``to_pyarrow_dataset``) leaves the
-    process to abort at exit in about half the runs ("terminate called without an active
-    exception", exit code 134; deltalake 1.6, pyarrow 26)."""
+    Reading through delta-rs's (``to_pyarrow_table``, ``to_pyarrow_dataset``) left
+    processes aborting at exit ("terminate called without an active exception", exit
+    code 134; deltalake 1.6, pyarrow 26): 1 to 6 of every 8-10 runs, by the script."""
     files = table.file_uris(file_pruning_predicate=pruning)
     if not files:
         return ds.dataset(pa.schema(table.schema().to_arrow()).empty_table())
