@@ -30,7 +30,7 @@ from storage.pipeline import status  # noqa: E402
 
 def run(store: DeltaStateStore, divisions: DivisionLog) -> None:
     """One run's bookkeeping: open the latest checkpoint, record a step, checkpoint it."""
-    store.open(store.versions()[-1])
+    store.open()
     step = store.get_step()
     divisions.record(step, [Range("bench", 0, step, step + 1)])
     store.set_step(step + 1)

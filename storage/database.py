@@ -32,6 +32,7 @@ from circuits.state import FILE, StateStore
 from circuits.zset import consolidate
 
 from .delta import (
+    REOPEN_COMMITS,
     WrittenFiles,
     add_actions,
     commit,
@@ -98,21 +99,27 @@ class DeltaStateStore(StateStore):
     # -- the seed's database interface ------------------------------------------------
 
     def _checkpoints(self) -> list[dict]:
-        return _checkpoint_rows(self.checkpoints_uri)
+        return _checkpoint_rows(open_table(self.checkpoints_uri))
 
     def versions(self) -> range:
         """The versions that can be opened: the last checkpoint and the one before it."""
         return _openable(self._checkpoints())
 
-    def open(self, version: int, restore: bool = True) -> None:
-        """Opens at checkpoint ``version``; reads and writes go to ``version + 1``.
+    def open(self, version: int | None = None, restore: bool = True) -> None:
+        """Opens at checkpoint ``version`` (default: the latest); reads and writes go to
+        ``version + 1``.
 
         ``restore=False`` opens for reading only: tables are read at the versions the
         checkpoint pinned, nothing is restored (so a run advancing the pipeline meanwhile
         is undisturbed), and ``commit`` is refused."""
-        checkpoints = self._checkpoints()
-        if version not in _openable(checkpoints):
-            raise StorageError(f"state at {self.root} cannot open version {version}; it has {_openable(checkpoints)}")
+        # The checkpoint log as of opening: committing on top of this snapshot fails if
+        # another writer checkpointed meanwhile (the fencing token is the version).
+        log = open_table(self.checkpoints_uri)
+        checkpoints = _checkpoint_rows(log)
+        openable = _openable(checkpoints)
+        version = openable[-1] if version is None else version
+        if version not in openable:
+            raise StorageError(f"state at {self.root} cannot open version {version}; it has {openable}")
         rows = {r["version"]: r for r in checkpoints}
         record = rows.get(version)
         if version > 0 and record is None:
@@ -129,10 +136,9 @@ class DeltaStateStore(StateStore):
         restored = {name: self._restore(name, pinned.get(name, 0)) for name in self._table_names()}
         if version + 1 in rows:  # discard the later version, as the seed's open() does
             self._restore_checkpoints(version)
+            log = None  # the restore is the log's latest version now
         self._version = version
-        # The checkpoint log as of opening: committing on top of this snapshot fails if
-        # another writer checkpointed meanwhile (the fencing token is the version).
-        self._opened_log = ensure_table(self.checkpoints_uri, _CHECKPOINT_SCHEMA)
+        self._opened_log = log or ensure_table(self.checkpoints_uri, _CHECKPOINT_SCHEMA)
         self._tables = restored
 
     def commit(self) -> int:
@@ -194,6 +200,20 @@ class DeltaStateStore(StateStore):
             cached = self._opened[table] = (version, delta)
         return cached[1]
 
+    def _commit(self, name: str, files: WrittenFiles, app_id: str, version: int, remove: list[str] | None) -> None:
+        """Commits ``files`` to state table ``name`` on the version this state pins (a table
+        this step's write created is at version 0), which then pins the new version.  The
+        pinned handle is committed on and so stands for the new version; it is let go at
+        every Delta checkpoint, since a handle brought along over many commits grows slower
+        (see :data:`storage.delta.REOPEN_COMMITS`), and an open there reads that checkpoint."""
+        self._tables.setdefault(name, 0)
+        base = self._pinned(name)
+        new = self._tables[name] = commit(files, app_id, version, base=base, remove=remove)
+        if new % REOPEN_COMMITS:
+            self._opened[name] = (new, base)
+        else:
+            self._opened.pop(name, None)
+
     def scan(self, table: str) -> DataFrame | None:
         if table not in self._tables:
             return None
@@ -237,7 +257,7 @@ class DeltaStateStore(StateStore):
             failpoint("during_state", self._step)
             rewritten = self._rewrites.pop(name, None)
             if files.actions or rewritten:
-                self._tables[name] = commit(files, "step", self._step, base=self._tables.get(name, 0), remove=rewritten)
+                self._commit(name, files, "step", self._step, rewritten)
             else:
                 self._tables.setdefault(name, 0)  # version 0: created empty by write_tables
 
@@ -248,10 +268,10 @@ class DeltaStateStore(StateStore):
         traces = {name: self.scan(name) for name in self._tables}
         layout = self.layout()
         parts = {name: (self._uri(name), _by_owner(consolidate(df), layout)) for name, df in traces.items() if df is not None}
-        before = {name: paths(open_table(self._uri(name), self._tables[name])) for name in parts}
+        before = {name: paths(self._pinned(name)) for name in parts}
         written = write_tables(parts) if parts else {}
         for name, files in written.items():
-            self._tables[name] = commit(files, "compact", self._version + 1, base=self._tables[name], remove=before[name])
+            self._commit(name, files, "compact", self._version + 1, before[name])
         return {name: (len(before[name]), len(files.actions)) for name, files in written.items()}
 
     def relayout(self, layout: Layout, vnodes: Collection[int], since: dict[str, int] | None = None) -> Relayout:
@@ -282,7 +302,7 @@ class DeltaStateStore(StateStore):
             actions = [a for change in mine for a in change.written[name].actions]
             files = WrittenFiles(self._uri(name), mine[0].written[name].schema, actions)
             removed = [p for change in mine for p in change.removed[name]]
-            self._tables[name] = commit(files, "relayout", self._version + 1, base=self._tables[name], remove=removed)
+            self._commit(name, files, "relayout", self._version + 1, removed)
             failpoint("during_relayout", self._step)
         self.set_meta(LAYOUT_KEY, changes[-1].layout.to_json())
 
@@ -371,12 +391,12 @@ def _check_format(root: str, record: dict) -> None:
         )
 
 
-def _checkpoint_rows(uri: str) -> list[dict]:
-    """The rows of the openable checkpoints (see :func:`_openable`), oldest first: all that
-    opening, recovery and vacuum need.  The table gains a file per checkpoint; only the
-    files whose statistics admit those versions are read (reading every file made each
-    run's open cost more the older the pipeline: 85 ms per run at 40 checkpoints)."""
-    table = open_table(uri)
+def _checkpoint_rows(table: DeltaTable | None) -> list[dict]:
+    """The rows of the openable checkpoints (see :func:`_openable`) in the checkpoint
+    ``table``, oldest first: all that opening, recovery and vacuum need.  The table gains a
+    file per checkpoint; only the files whose statistics admit those versions are read
+    (reading every file made each run's open cost more the older the pipeline: 85 ms per
+    run at 40 checkpoints)."""
     newest = None if table is None else _newest(table)
     if newest is None:
         return []
@@ -398,7 +418,7 @@ def _newest(table: DeltaTable) -> int | None:
 def latest_checkpoint(root: str) -> tuple[int, int, dict]:
     """The latest checkpoint's (version, step, meta) of the state at ``root``, read without
     opening (or restoring) anything: safe while a run is writing."""
-    checkpoints = _checkpoint_rows(os.path.join(root, CHECKPOINTS))
+    checkpoints = _checkpoint_rows(open_table(os.path.join(root, CHECKPOINTS)))
     if not checkpoints:
         return 0, 0, {}
     record = checkpoints[-1]

@@ -141,7 +141,7 @@ class Pipeline:
 
     def open(self) -> None:
         """Opens the state at the latest checkpoint (discarding anything written after it)."""
-        self.state.open(self.state.versions()[-1])
+        self.state.open()
 
     def pending(self, first: int, last: int) -> range:
         """Opens the latest checkpoint and returns the steps of ``first..=last`` still to run.
@@ -182,7 +182,7 @@ class Pipeline:
         files holding vnodes that change owner, as of the latest checkpoint.  Commits
         nothing, so steps may go on meanwhile (it needs no lease)."""
         started = time.perf_counter()
-        self.state.open(self.state.versions()[-1], restore=False)
+        self.state.open(restore=False)
         before = self.layout()
         after = layouts.rescale(before, workers, strategy, k)
         copy = self.state.relayout(after, layouts.moved(before, after))

@@ -256,7 +256,7 @@ class CurrentViews:
             _refuse_negative(sink, files, first, step)
             removed = plans[sink].removed if sink in plans else []
             info = {STEP_INFO: str(step), FIRST_STEP_INFO: str(first)}
-            commit(files, VIEW_APP, step, base=tables[sink].version(), remove=removed, metadata=info)
+            commit(files, VIEW_APP, step, base=tables[sink], remove=removed, metadata=info)
             self.last_rewrite[sink] = (len(files.actions), len(removed))
 
     def _rewrite(self, tables: dict[str, DeltaTable], changes: dict[str, Change]) -> tuple[dict, dict]:
@@ -376,7 +376,7 @@ def list_views(root: str) -> list[str]:
 
 def retained_view_versions(root: str) -> dict[str, set[int]]:
     """``view uri -> versions`` that the openable checkpoints pin (vacuum keeps them)."""
-    rows = _checkpoint_rows(os.path.join(root, CHECKPOINTS))
+    rows = _checkpoint_rows(open_table(os.path.join(root, CHECKPOINTS)))
     keep: dict[str, set[int]] = {}
     for row in rows:
         if row["version"] in _openable(rows):
