@@ -15,7 +15,9 @@ in-process session).
    batches (ours runs first, on the server the run started, whose JIT is still cold then,
    and SS would otherwise run on the JVM that our steps warmed), then the median over the
    ``--batches`` measured ones; shuffle partitions = ``--workers``, and the final result
-   checked against Spark batch SQL.
+   checked against Spark batch SQL.  Over Spark Connect it also prints the part of our
+   step that the client spent waiting on the server (planning and running the step's
+   Spark jobs), against SS's batch: what is left once Python and delta-rs cost nothing.
 2. Nexmark views SS refuses: each is started as an SS query in update mode over tiny file
    streams (the error's first line is recorded), then run for two durable steps in this
    engine, whose integrated output is checked against Spark batch SQL over the same input.
@@ -26,6 +28,7 @@ in-process session).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -43,7 +46,7 @@ from circuits.library.nexmark import (
     nexmark_inputs,
 )
 from circuits.library.nexmark_queries import RECOMPUTE_SQL
-from circuits.spark import local_session
+from circuits.spark import is_remote, local_session, round_trips
 from circuits.zset import WEIGHT
 
 # Part 2: view, its description, the inputs SS reads as streams, and the grouping keys of
@@ -125,19 +128,28 @@ def total(args: argparse.Namespace) -> int:
     return args.warmup + args.batches
 
 
-def ours(spark: SparkSession, args: argparse.Namespace, auction_count: int) -> list[float]:
-    """Runs our durable steps over the batches; returns each step's seconds (step 0 first)."""
+def ours(spark: SparkSession, args: argparse.Namespace, auction_count: int) -> tuple[list[float], list[float | None]]:
+    """Runs our durable steps over the batches; returns each step's seconds (step 0 first)
+    and, over Spark Connect, the seconds of each step that the client waited on the server
+    (its round trips: planning and running its Spark jobs; the rest is Python and delta-rs)."""
     root = os.path.join(args.root, "ours")
     step = stepper(spark, "bids_by_category", "delta", args.workers, root)
     load = {"auctions": auctions(spark, auction_count), "bids": bids(spark, 0, args.bids, auction_count)}
-    seconds = [timed(lambda: step(load))]
+    seconds, on_server, remote = [], [], is_remote(spark.range(0))
+
+    def measured(inputs: dict) -> None:
+        waited: Counter = Counter()
+        with round_trips(spark, seconds=waited) if remote else contextlib.nullcontext():
+            seconds.append(timed(lambda: step(inputs)))
+        on_server.append(sum(waited.values()) if waited else None)
+
+    measured(load)
     for batch in range(total(args)):
-        delta = bids(spark, args.bids + batch * args.batch_rows, args.batch_rows, auction_count)
-        seconds.append(timed(lambda delta=delta: step({"bids": delta})))
+        measured({"bids": bids(spark, args.bids + batch * args.batch_rows, args.batch_rows, auction_count)})
     expected = recomputed(spark, auction_count, args.bids + total(args) * args.batch_rows)
     if integrated_output(spark, root, "bids_by_category", total(args)) != expected:
         raise AssertionError("our integrated output differs from Spark batch SQL")
-    return seconds
+    return seconds, on_server
 
 
 def recomputed(spark: SparkSession, auction_count: int, bid_count: int) -> Counter:
@@ -149,21 +161,24 @@ def recomputed(spark: SparkSession, auction_count: int, bid_count: int) -> Count
 
 def latency(spark: SparkSession, args: argparse.Namespace) -> None:
     auction_count = max(args.bids // 15, 1)
-    mine = ours(spark, args, auction_count)
+    mine, on_server = ours(spark, args, auction_count)
     theirs = structured_streaming(peer_session(spark), args, auction_count)
     measured = slice(1 + args.warmup, None)
     ours_s, ss_s = statistics.median(mine[measured]), statistics.median(theirs[measured])
+    server = [s for s in on_server[measured] if s is not None]
+    server_s = statistics.median(server) if server else float("nan")
     print(
         f"bids_by_category, {args.workers} workers / shuffle partitions, median of batches "
-        f"{args.warmup + 1}..{total(args)} (after {args.warmup} warm-up batches)"
+        f"{args.warmup + 1}..{total(args)} (after {args.warmup} warm-up batches); "
+        "'ours on server': the part of our step spent waiting on Spark Connect round trips"
     )
     print(
         f"{'state bids':>11} {'batch rows':>10} {'batches':>7} {'ours load s':>11} {'SS load s':>9} "
-        f"{'ours s':>7} {'SS s':>7} {'ours/SS':>7}"
+        f"{'ours s':>7} {'SS s':>7} {'ours/SS':>7} {'ours on server s':>16} {'on server/SS':>12}"
     )
     print(
         f"{args.bids:>11,} {args.batch_rows:>10,} {args.batches:>7} {mine[0]:>11.2f} {theirs[0]:>9.2f} "
-        f"{ours_s:>7.2f} {ss_s:>7.2f} {ours_s / ss_s:>7.2f}"
+        f"{ours_s:>7.2f} {ss_s:>7.2f} {ours_s / ss_s:>7.2f} {server_s:>16.2f} {server_s / ss_s:>12.2f}"
     )
     print(CAVEAT, flush=True)
 

@@ -240,14 +240,16 @@ def stop_connect_server(state_dir: str, port: int = CONNECT_PORT) -> bool:
 
 
 @contextmanager
-def round_trips(spark: SparkSession, trace: TextIO | None = None) -> Iterator[Counter]:
+def round_trips(spark: SparkSession, trace: TextIO | None = None, seconds: Counter | None = None) -> Iterator[Counter]:
     """Counts the round trips ``spark`` (a Spark Connect session) makes to its server
     during the block, by RPC: ``ExecutePlan`` runs an action or a command, ``AnalyzePlan``
     asks for a schema (or caches a frame), ``Config`` reads or sets a setting.
 
-    With ``trace``, each call is timed to its end (a streamed answer is read whole) and
-    written there, one line each: the RPC, its start (seconds into the block), its
-    seconds, its thread, and the project's call sites that made it (innermost first)."""
+    With ``trace`` or ``seconds``, each call is timed to its end (a streamed answer is
+    read whole): ``seconds[rpc]`` sums those times (the wall time the client waited on
+    the server), and ``trace`` gets a line per call: the RPC, its start (seconds into the
+    block), its seconds, its thread, and the project's call sites that made it (innermost
+    first)."""
     calls: Counter = Counter()
     opened = time.perf_counter()
     stub = spark.client._stub  # noqa: SLF001 - the client's RPCs have no public hook
@@ -256,11 +258,15 @@ def round_trips(spark: SparkSession, trace: TextIO | None = None) -> Iterator[Co
     def counted(name: str, method):
         def call(*args, **kwargs):
             calls[name] += 1
-            if trace is None:
+            if trace is None and seconds is None:
                 return method(*args, **kwargs)
             started = time.perf_counter()
             answer = method(*args, **kwargs)
             answer = list(answer) if name == "ExecutePlan" else answer
+            if seconds is not None:
+                seconds[name] += time.perf_counter() - started
+            if trace is None:
+                return answer
             sites = [f"{os.path.relpath(f.filename, _PROJECT)}:{f.lineno}:{f.name}" for f in traceback.extract_stack()
                      if f.filename.startswith(_PROJECT) and "site-packages" not in f.filename and f.filename != __file__]
             print(

@@ -1,5 +1,8 @@
 """The asset checks' queries over an output log."""
 
+import time
+from collections import Counter
+
 from circuits.spark import round_trips
 from storage.inspect import count_each, not_a_set, unconsolidated
 
@@ -32,3 +35,14 @@ def test_count_each_counts_every_query_with_one_job(spark):
     with round_trips(spark) as calls:
         assert count_each(queries) == {"all": 10, "odd": 5, "none": 0, "big": 3}
     assert calls["ExecutePlan"] == 1
+
+
+def test_round_trips_times_the_calls_it_counts(spark):
+    seconds = Counter()
+    with round_trips(spark, seconds=seconds) as calls:
+        started = time.perf_counter()
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+        assert spark.range(3).collect()
+        waited = time.perf_counter() - started
+    assert set(seconds) == set(calls) == {"Config", "ExecutePlan"}
+    assert all(s > 0 for s in seconds.values()) and sum(seconds.values()) <= waited
