@@ -19,10 +19,12 @@ runner raises it again in the driver (see :attr:`~circuits.operators.base.Operat
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -75,11 +77,72 @@ class KLogsError(DbspError):
 
 def function_id(fn: Callable) -> str:
     """The identity of a user's function in a circuit's fingerprint: its name and a hash of
-    its code (changing the code changes the circuit)."""
-    code = getattr(fn, "__code__", None)
-    body = repr((code.co_code, code.co_consts, code.co_names)) if code is not None else repr(fn)
+    what it computes with (changing any of it changes the circuit): its code, the code of
+    the functions defined inside it, the values it closes over and the globals it names.
+    A value that is not plain data (None, bool, number, text, bytes, or a list, tuple, set
+    or dict of them), a function (a method's, a partial's) counts by its type only, and a
+    module by its name: state held in an imported module or in an object is not seen."""
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-    return f"{name}:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+    return f"{name}:{hashlib.sha256(_seen(fn, set()).encode()).hexdigest()[:12]}"
+
+
+_PLAIN = (type(None), bool, int, float, str, bytes)
+
+
+def _seen(value: Any, visiting: set[int]) -> str:
+    """A text of ``value`` that is the same in every process (no memory addresses)."""
+    if isinstance(value, _PLAIN):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__}({','.join(_seen(v, visiting) for v in value)})"
+    if isinstance(value, (set, frozenset)):
+        return f"set({','.join(sorted(_seen(v, visiting) for v in value))})"
+    if isinstance(value, dict):
+        return f"dict({','.join(sorted(f'{_seen(k, visiting)}:{_seen(v, visiting)}' for k, v in value.items()))})"
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    if isinstance(value, types.FunctionType):
+        return _function(value, visiting)
+    if isinstance(value, types.MethodType):
+        return f"method {_function(value.__func__, visiting)} of {_seen(type(value.__self__), visiting)}"
+    if isinstance(value, functools.partial):
+        return f"partial {_seen([value.func, value.args, value.keywords], visiting)}"
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
+def _function(fn: types.FunctionType, visiting: set[int]) -> str:
+    """A function's code, closure and named globals (a function reached again inside
+    itself, such as a recursive one, by its name)."""
+    if id(fn) in visiting:
+        return f"function {fn.__qualname__}"
+    visiting.add(id(fn))
+    cells = [c.cell_contents if _filled(c) else "<empty cell>" for c in fn.__closure__ or ()]
+    names = sorted(n for n in _names(fn.__code__) if n in fn.__globals__)
+    closed = {"cells": cells, "globals": {n: fn.__globals__[n] for n in names}}
+    text = f"function {fn.__qualname__} {_code(fn.__code__)} {_seen(closed, visiting)}"
+    visiting.discard(id(fn))
+    return text
+
+
+def _code(code: types.CodeType) -> str:
+    """A code object's instructions, constants (nested code objects by their own text,
+    since a code object's repr holds its address) and names."""
+    consts = [_code(c) if isinstance(c, types.CodeType) else c for c in code.co_consts]
+    return repr((code.co_code, _seen(consts, set()), code.co_names))
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The names a code object and the code nested in it look up (globals among them)."""
+    nested = (_names(c) for c in code.co_consts if isinstance(c, types.CodeType))
+    return set(code.co_names).union(*nested)
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises on read
+    except ValueError:
+        return False
+    return True
 
 
 def ship(fn: Callable) -> Callable:

@@ -5,11 +5,17 @@ producer's clock may go back), cut into random steps: per key, the sink receives
 what a sequential fold over that key's messages emits (messages of a step in (timestamp
 made monotonic per partition, source log, partition, offset) order), at 1, 2 and 4
 workers, with a restart on a different number of workers (a rescale) part way.
+A user function's identity covers what it closes over and the globals it names.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import subprocess
+import sys
+import types
 from collections import defaultdict
 
 import pytest
@@ -19,7 +25,7 @@ from hypothesis import strategies as st
 from circuits import InMemoryStateStore, Layout, StepRunner, from_rows
 from circuits.klogs import DEAD_LETTERS, RECORD_SCHEMA, KLog, deploy, merge, messages
 from circuits.library.orders import ORDERS, order_workflow
-from circuits.operators.keyed import KLogsError
+from circuits.operators.keyed import KLogsError, function_id
 
 LOGS = ("events-a", "events-b")
 
@@ -180,3 +186,37 @@ def test_the_order_workflow_moves_each_order_on_and_reports_invalid_transitions(
         ],
         "o2": [{"order": "o2", "invalid": "paid", "status": None}, {"order": "o2", "status": "created"}],
     }
+
+
+def make_adder(n):
+    return lambda s, k, v: (s + n, [s + n])
+
+
+LIMIT = 10
+
+
+def under_limit(s, k, v):
+    return (s, [v] if v < LIMIT else [])
+
+
+def test_a_function_id_covers_what_the_function_closes_over_and_the_globals_it_names():
+    assert function_id(make_adder(1)) == function_id(make_adder(1))
+    assert function_id(make_adder(1)) != function_id(make_adder(100))
+    assert function_id(functools.partial(under_limit, 1)) == function_id(functools.partial(under_limit, 1))
+    assert function_id(functools.partial(under_limit, 1)) != function_id(functools.partial(under_limit, 2))
+    moved = types.FunctionType(under_limit.__code__, {**under_limit.__globals__, "LIMIT": 20}, "under_limit")
+    moved.__qualname__ = under_limit.__qualname__
+    assert function_id(moved) != function_id(under_limit)
+
+
+def test_a_function_id_is_the_same_in_every_process():
+    """A comprehension is a nested code object, whose repr holds its memory address."""
+    script = (
+        "from circuits.operators.keyed import function_id\n"
+        "def words(k, v): return [w.lower() for w in v.split() if len(w) > 1]\n"
+        "print(function_id(words))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True) for _ in range(3)]
+    ids = {run.stdout for run in runs}
+    assert len(ids) == 1, ids
