@@ -19,7 +19,10 @@ and is an ordinary :class:`~circuits.circuit.Circuit` underneath: each named log
 input handle of that name (``RECORD_SCHEMA``), ``merge`` a union, ``partition`` and
 ``loop`` the keyed operators of :mod:`circuits.operators.keyed`, and each ``sink`` an
 output (the messages it is handed, step by step) whose side effect the storage layer
-performs once per message, with the idempotency token ``(stage, key, offset)``.  Records
+performs once per message, with the idempotency token ``(stage, key, offset)``, where
+``offset`` is the message's position without its timestamp: the source message's place
+in its log, plus the index of each copy and output that led to this message (unique,
+and the same on a replay: see :mod:`circuits.operators.keyed`).  Records
 that could not be handled go to the output :data:`DEAD_LETTERS`.
 
 Ordering: within a step, messages are handled (and handed to sinks) in the order of
@@ -32,7 +35,8 @@ the pipeline first uses the named logs.  So messages produced in order, in diffe
 milliseconds, are handled in the order they were produced, whichever logs and keys they
 went to; messages of the same millisecond on different logs or partitions fall back to
 (source log, partition, offset).  A record without a timestamp counts as 0.  A message
-a ``loop`` emits follows the message that caused it.  Steps are handled in order, so a
+a ``loop`` emits follows the message that caused it; copies a ``partition`` makes of one
+message follow the order of the keys its function returned.  Steps are handled in order, so a
 message of a later step follows every message of an earlier one.
 Keys, values and states are JSON values.
 """
@@ -160,12 +164,20 @@ def _builder(what: str) -> _Builder:
 
 
 def merge(logs: Sequence[KLog]) -> KLog:
-    """One log of the messages of ``logs``; each key's messages keep their relative order."""
+    """One log of the messages of ``logs``; each key's messages keep their relative order.
+    A message's ``ord`` gains the index of its log in ``logs`` (when there are several), so
+    that a message reaching the merge along two paths (a log merged with a log derived
+    from it, or with itself) is two messages."""
     builder = _builder("merge")
     if not logs:
         raise CircuitDefinitionError("merge() needs at least one keyed log")
-    first, *rest = [builder.stream(log) for log in logs]
-    return KLog(stream=first.union(*rest) if rest else first)
+    if len(logs) == 1:
+        return KLog(stream=builder.stream(logs[0]))
+    first, *rest = [
+        builder.stream(log).select(KEY, VALUE, **{ORD: F.concat(F.col(ORD), F.array(F.lit(i).cast("bigint")))})
+        for i, log in enumerate(logs)
+    ]
+    return KLog(stream=first.union(*rest))
 
 
 def partition(fn: Callable[[Any, Any], Sequence[Any]], log: KLog) -> KLog:

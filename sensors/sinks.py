@@ -37,23 +37,21 @@ class KafkaSink:
 
     def publish(self, stage: str, step: int, epoch: int, messages: list[Message], tokens: TokenStore) -> None:
         done = tokens.begin(stage, step, epoch)
-        todo = {token_of(stage, step, m): m for m in messages if (m.key_text, m.offset) not in done}
+        todo = [m for m in messages if (m.key_text, m.offset) not in done]
         if not todo:
             return
         ends = lambda: json.dumps([[p, high] for (_, p), (_, high) in self.client.offsets([self.topic]).items()])  # noqa: E731
         start = tokens.intent(stage, step, epoch, ends)
-        if start is not None:  # an earlier attempt may have published some: skip what the topic holds
-            for token in self._tokens_since(json.loads(start)):
-                todo.pop(token, None)
-        pending = list(todo.items())
+        published = set() if start is None else self._tokens_since(json.loads(start))  # by a crashed attempt
+        pending = [m for m in todo if token_of(stage, step, m) not in published]
         self.client.produce(
             self.topic,
-            [json.dumps(m.value).encode() for _, m in pending],
-            keys=[m.key_text.encode() for _, m in pending],
-            headers=[[(TOKEN_HEADER, token)] for token, _ in pending],
+            [json.dumps(m.value).encode() for m in pending],
+            keys=[m.key_text.encode() for m in pending],
+            headers=[[(TOKEN_HEADER, token_of(stage, step, m))] for m in pending],
         )
         failpoint("sink_after_publish", step)
-        tokens.record(stage, step, epoch, list(todo.values()))
+        tokens.record(stage, step, epoch, todo)
 
     def _tokens_since(self, start: list[list[int]]) -> set[bytes]:
         """The tokens of the records the topic got after ``start`` (partition, offset pairs)."""

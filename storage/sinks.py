@@ -70,9 +70,10 @@ class Publisher(Protocol):
 
 
 def offset_of(ord_: Iterable[int]) -> str:
-    """A message position (``[timestamp, source, partition, offset, emitted...]``) as a
-    token's offset: ``"source.partition.offset[.emitted...]"`` (the timestamp orders
-    messages but does not identify one)."""
+    """A message position (``[timestamp, source, partition, offset, index...]``) as a
+    token's offset: ``"source.partition.offset[.index...]"`` (the timestamp orders
+    messages but does not identify one; the indices of copies, outputs and merged logs
+    do: see :mod:`circuits.operators.keyed`)."""
     return ".".join(str(int(o)) for o in list(ord_)[1:])
 
 

@@ -4,10 +4,14 @@ each key's messages in order with that key's state.
 A keyed log is an append-only Z-set of messages ``(key, value, ord)``: ``key`` and
 ``value`` are JSON texts, ``ord`` is the message's position, ``[timestamp, source log,
 partition, offset]`` for a message read from a log (the timestamp made monotonic per
-partition: see :mod:`circuits.klogs`), with one more element (its index among the
-messages one input message emitted) per ``loop`` it went through.  Messages of one key
-are handled in ``ord`` order (array order: element by element); so are messages of
-several source keys that land on one key: by (timestamp, source log, partition, offset).
+partition: see :mod:`circuits.klogs`), with one more element per operator it went
+through that can make several messages of one: its index among the copies a
+``partition`` made, among the messages a ``loop`` emitted, or among the logs a ``merge``
+joined.  So no two messages of a stream share an ``ord``, and ``ord`` without its
+timestamp identifies a message in every run (a sink's idempotency token).  Messages of
+one key are handled in ``ord`` order (array order: element by element); so are messages
+of several source keys that land on one key: by (timestamp, source log, partition,
+offset), then by those indices.
 
 Both operators emit a *tagged* stream: a message has a null ``reason``; a message that
 could not be handled (a retraction, or the user's function raised on it) keeps its
@@ -185,7 +189,8 @@ def _copies(w: int) -> range:
 
 class Partition(Operator):
     """``partition(fn)``: each message ``(k, v)`` becomes one message ``(k2, v)`` per key
-    ``k2`` in ``fn(k, v)`` (none: dropped), with the same ``ord``.  A retraction, or a
+    ``k2`` in ``fn(k, v)`` (none: dropped), whose ``ord`` is the input's plus the index of
+    ``k2`` in that list (so copies that land on one key stay apart).  A retraction, or a
     message on which ``fn`` raises, becomes a dead letter.  Linear and stateless:
     incremental, it is applied to the step's messages."""
 
@@ -214,10 +219,10 @@ class Partition(Operator):
                 except Exception as e:  # noqa: BLE001 - the user's function: the message is a dead letter
                     yield _dead(key, value, ord_, stage, _reason(e))
                     continue
-                for new_key in keys:
+                for copy, new_key in enumerate(keys):
                     text = to_json("new key", stage, key, new_key)
                     for _ in _copies(w):
-                        yield text, value, ord_, None, None, 1
+                        yield text, value, [*ord_, copy], None, None, 1
 
         def each(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             for pdf in batches:

@@ -5,7 +5,8 @@ producer's clock may go back), cut into random steps: per key, the sink receives
 what a sequential fold over that key's messages emits (messages of a step in (timestamp
 made monotonic per partition, source log, partition, offset) order), at 1, 2 and 4
 workers, with a restart on a different number of workers (a rescale) part way.
-A user function's identity covers what it closes over and the globals it names.
+Every message of a fan-out has its own position (a sink's token); a user function's
+identity covers what it closes over and the globals it names.
 """
 
 from __future__ import annotations
@@ -186,6 +187,27 @@ def test_the_order_workflow_moves_each_order_on_and_reports_invalid_transitions(
         ],
         "o2": [{"order": "o2", "invalid": "paid", "status": None}, {"order": "o2", "status": "created"}],
     }
+
+
+def counts_of_words(log: KLog) -> None:
+    log.partition(lambda doc, text: text.split()).loop(0, lambda n, word, _: (n + 1, [n + 1])).sink(print)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [counts_of_words, lambda log: counts_of_words(merge([log, log.partition(lambda k, v: [k])]))],
+    ids=["fan-out", "merged-with-its-own-copy"],
+)
+def test_every_message_of_a_fan_out_has_its_own_position(spark, build):
+    runner = StepRunner(deploy(lambda: build(KLog.named("docs")), "fan_out"), spark, InMemoryStateStore())
+    out = runner.step({"docs": from_rows(spark, [('"doc1"', '"a a b"', 0, 0, None, 1)], RECORD_SCHEMA)}).collect_outputs()
+    got = messages(out[next(k for k in out if k.startswith("sink"))])
+    per_key = defaultdict(list)
+    for key, value, _ in got:
+        per_key[key].append(value)
+    copies = len(got) // 3  # each word once per path to the sink
+    assert per_key == {"a": list(range(1, 2 * copies + 1)), "b": list(range(1, copies + 1))}
+    assert len({ord_[1:] for _, _, ord_ in got}) == len(got)  # a sink token's offset: unique
 
 
 def make_adder(n):

@@ -1,7 +1,8 @@
 """A KLogs pipeline on the Delta state database: its sink gets, per key, what a sequential
 fold gives, across restarts (a new process's view: new Pipeline objects) and a rescale;
 the sink's Delta table holds each message once; the vacuum prunes the tokens of
-checkpointed steps and a replay still skips the side effects done."""
+checkpointed steps and a replay still skips the side effects done; each message of a
+fan-out reaches each sink, with a token of its own."""
 
 import json
 from collections import defaultdict
@@ -102,3 +103,66 @@ def test_an_unserialisable_state_fails_the_step_with_the_klogs_error(spark, tmp_
     pipeline.submit(0, {LOG: from_rows(spark, rows, RECORD_SCHEMA)}, [Range(LOG, 0, 0, 1)])
     with pytest.raises(KLogsError, match='^stage loop_1: the state of key "k" is a set, not JSON-serialisable'):
         pipeline.run()
+
+
+DOCS = "docs"
+# (doc, text) messages, two steps: words repeat within a text and across texts.
+DOC_STEPS = [[("doc1", "a a b"), ("doc2", "b c a")], [("doc3", "c c c a")]]
+
+
+def word_counts(sink) -> None:
+    KLog.named(DOCS).partition(lambda doc, text: text.split()).loop(0, lambda n, word, _: (n + 1, [n + 1])).sink(sink)
+
+
+def counted_words(steps) -> dict[str, list[int]]:
+    """What a sequential run, one message and one word at a time, emits per word."""
+    counts = defaultdict(list)
+    for messages in steps:
+        for _, text in messages:
+            for word in text.split():
+                counts[word].append(len(counts[word]) + 1)
+    return dict(counts)
+
+
+def submit_docs(spark, pipeline: Pipeline, step: int, steps, first: int) -> int:
+    rows = [(json.dumps(k), json.dumps(v), 0, first + i, None, 1) for i, (k, v) in enumerate(steps[step])]
+    pipeline.submit(step, {DOCS: from_rows(spark, rows, RECORD_SCHEMA)}, [Range(DOCS, 0, first, first + len(rows))])
+    return first + len(rows)
+
+
+def run_docs(spark, root: str, circuit, steps, monkeypatch, crash: str | None) -> None:
+    """Runs ``steps``, each by a new Pipeline; with ``crash`` (a fault point), step 0 crashes there first."""
+    first = 0
+    for step in range(len(steps)):
+        pipeline = Pipeline(spark, root, circuit)
+        first = submit_docs(spark, pipeline, step, steps, first)
+        if crash and step == 0:
+            monkeypatch.setenv("DBSP_FAULT", f"{crash}:0")
+            monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
+            with pytest.raises(InjectedCrash):
+                pipeline.run()
+            monkeypatch.delenv("DBSP_FAULT")
+            pipeline = Pipeline(spark, root, circuit)
+        assert pipeline.run() == step + 1
+
+
+@pytest.mark.parametrize("crash", [None, "after_sink"])
+@pytest.mark.parametrize("kind", ["function", "delta"])
+def test_a_fan_out_reaches_each_sink_whole_with_one_token_per_message(spark, tmp_path, monkeypatch, kind, crash):
+    """Copies of a message that land on one key, and their loop's outputs, each get a token
+    of their own (a token shared by two messages lets a sink skip one of them)."""
+    root, uri, seen = str(tmp_path / "pipeline"), str(tmp_path / "counts"), []
+    sink = DeltaSink(uri) if kind == "delta" else lambda word, n: seen.append((word, n))
+    run_docs(spark, root, deploy(lambda: word_counts(sink), f"word_counts_{kind}", vnodes=4), DOC_STEPS, monkeypatch, crash)
+    if kind == "delta":
+        by_position = lambda r: (r["step"], [int(o) for o in r["offset"].split(".")])
+        rows = sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=by_position)
+        seen = [(json.loads(r["key"]), json.loads(r["value"])) for r in rows]
+    else:
+        rows = [r for r in DeltaTable(str(tmp_path / "pipeline" / "_tokens")).to_pyarrow_table().to_pylist() if r["key"]]
+    got = defaultdict(list)
+    for word, n in seen:
+        got[word].append(n)
+    assert got == counted_words(DOC_STEPS)
+    assert len({(r["stage"], r["key"], r["offset"]) for r in rows}) == len(rows) == len(seen)
+
