@@ -48,8 +48,14 @@ from .errors import CorruptTableError, StaleWriterError, StateFormatError, Stora
 from .faults import failpoint
 from .logs import STEP, output_uri
 
-ENGINE_VERSION = "0.1.0"
-STATE_FORMAT = 1
+ENGINE_VERSION = "0.2.0"
+STATE_FORMAT = 2
+"""The format this engine writes.  Format 1 differs in keyed-log pipelines only (seed 003):
+a message's position had no index of the copy, output or merged log it came from, so
+messages could share a sink token, and a user function's fingerprint did not cover what
+it closes over.  Other circuits' state of format 1 is read as it stands."""
+READS = frozenset({1, STATE_FORMAT})
+"""The formats a circuit without keyed-log operators can go on from."""
 CHECKPOINTS = "_checkpoints"
 _CHECKPOINT_SCHEMA = pa.schema(
     [
@@ -82,9 +88,11 @@ class DeltaStateStore(StateStore):
     with a ``_step`` column (committed by the output log).
     """
 
-    def __init__(self, spark: SparkSession, root: str) -> None:
+    def __init__(self, spark: SparkSession, root: str, reads: frozenset[int] = READS) -> None:
+        """``reads``: the state formats that may be opened (see :data:`STATE_FORMAT`)."""
         self.spark = spark
         self.root = root
+        self.reads = reads
         self.checkpoints_uri = os.path.join(root, CHECKPOINTS)
         self._version: int | None = None
         self._opened_log = None
@@ -125,7 +133,7 @@ class DeltaStateStore(StateStore):
         if version > 0 and record is None:
             raise CorruptTableError(f"{self.checkpoints_uri}: checkpoint {version} is missing")
         if record is not None:
-            _check_format(self.root, record)
+            _check_format(self.root, record, self.reads)
         pinned = json.loads(record["tables"]) if record else {}
         self._step = record["step"] if record else 0
         self._meta = json.loads(record["meta"]) if record else {}
@@ -379,14 +387,15 @@ def _overlaps(action: dict, vnodes: list[int]) -> bool:
     return i < len(vnodes) and vnodes[i] <= action[f"max.{VNODE}"]
 
 
-def _check_format(root: str, record: dict) -> None:
+def _check_format(root: str, record: dict, reads: frozenset[int]) -> None:
     """Refuses state this engine cannot read (rolling upgrade: a newer engine takes over
     between steps; state in another format needs the engine that wrote it)."""
-    if record["state_format"] != STATE_FORMAT:
+    if record["state_format"] not in reads:
         raise StateFormatError(
             f"the state at {root} (checkpoint {record['version']}) is in state format {record['state_format']}, written "
-            f"by engine {record['engine_version']}; this engine ({ENGINE_VERSION}) reads state format {STATE_FORMAT} "
-            "only. Run it with an engine that reads that format, or start this engine on a new store root "
+            f"by engine {record['engine_version']}; this engine ({ENGINE_VERSION}) reads state format "
+            f"{' or '.join(map(str, sorted(reads)))} only for this circuit. Run it with an engine that reads that format, "
+            "or start this engine on a new store root "
             "(there is no migration between these formats)"
         )
 

@@ -24,9 +24,10 @@ from pyspark.sql import DataFrame, SparkSession
 
 from circuits import layouts
 from circuits.circuit import Circuit
+from circuits.klogs import KLogsCircuit
 from circuits.sharding import Layout
 
-from .database import DeltaStateStore, Relayout, latest_checkpoint
+from .database import READS, STATE_FORMAT, DeltaStateStore, Relayout, latest_checkpoint
 from .delta import delta_tables
 from .errors import StaleWriterError, StepOrderError, ViewError
 from .faults import failpoint
@@ -112,7 +113,7 @@ class Pipeline:
         self.divisions = DivisionLog(root)
         self.inputs = InputLog(spark, root, circuit.inputs)
         self.outputs = OutputLog(spark, root, verify=verify)
-        self.state = DeltaStateStore(spark, root)
+        self.state = DeltaStateStore(spark, root, frozenset({STATE_FORMAT}) if isinstance(circuit, KLogsCircuit) else READS)
         self.views = CurrentViews(spark, root, views, partitions=workers)
         self.lease = Lease(root)
         self.sinks = Sinks(root, circuit)

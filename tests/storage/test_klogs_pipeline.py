@@ -2,7 +2,8 @@
 fold gives, across restarts (a new process's view: new Pipeline objects) and a rescale;
 the sink's Delta table holds each message once; the vacuum prunes the tokens of
 checkpointed steps and a replay still skips the side effects done; each message of a
-fan-out reaches each sink, with a token of its own."""
+fan-out reaches each sink, with a token of its own; keyed-log state of the older format
+is refused."""
 
 import json
 from collections import defaultdict
@@ -13,10 +14,13 @@ from deltalake import DeltaTable
 from circuits.klogs import RECORD_SCHEMA, KLog, deploy
 from circuits.operators.keyed import KLogsError
 from circuits.zset import from_rows
+from storage.errors import StateFormatError
 from storage.faults import InjectedCrash
 from storage.logs import Range
 from storage.pipeline import Pipeline
 from storage.sinks import DeltaSink
+
+from .test_rescale import rewrite_latest_checkpoint
 
 LOG = "counts"
 # (key, value) messages, four steps; one partition, offsets count up.
@@ -166,3 +170,12 @@ def test_a_fan_out_reaches_each_sink_whole_with_one_token_per_message(spark, tmp
     assert got == counted_words(DOC_STEPS)
     assert len({(r["stage"], r["key"], r["offset"]) for r in rows}) == len(rows) == len(seen)
 
+
+def test_a_keyed_log_state_of_format_1_is_refused_naming_the_formats(spark, tmp_path, monkeypatch):
+    """Format 1 gave copies of a message one position: a replayed step would find no tokens of its messages."""
+    root = str(tmp_path / "pipeline")
+    circuit = deploy(lambda: word_counts(print), "word_counts_old", vnodes=4)
+    run_docs(spark, root, circuit, DOC_STEPS[:1], monkeypatch, None)
+    rewrite_latest_checkpoint(root, engine_version="0.1.0", state_format=1)
+    with pytest.raises(StateFormatError, match=r"state format 1, written by engine 0\.1\.0; .* reads state format 2 only"):
+        Pipeline(spark, root, circuit).run()
