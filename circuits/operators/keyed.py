@@ -82,57 +82,59 @@ class KLogsError(DbspError):
 def function_id(fn: Callable) -> str:
     """The identity of a user's function in a circuit's fingerprint: its name and a hash of
     what it computes with (changing any of it changes the circuit): its code, the code of
-    the functions defined inside it, the values it closes over and the globals it names.
-    A value that is not plain data (None, bool, number, text, bytes, or a list, tuple, set
-    or dict of them), a function (a method's, a partial's) counts by its type only, and a
-    module by its name: state held in an imported module or in an object is not seen."""
+    the functions defined inside it, the values it closes over and the globals it names,
+    and so on through the user's functions among those.  Plain data (None, bool, number,
+    text, bytes, and lists, tuples, sets and dicts of them) counts by value; a function of
+    the engine or of an installed package by its name; a module by its name; any other
+    value by its type only: state held in an imported module or in an object is not seen."""
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-    return f"{name}:{hashlib.sha256(_seen(fn, set()).encode()).hexdigest()[:12]}"
+    return f"{name}:{hashlib.sha256(_seen(fn, {}).encode()).hexdigest()[:12]}"
 
 
 _PLAIN = (type(None), bool, int, float, str, bytes)
 
 
-def _seen(value: Any, visiting: set[int]) -> str:
-    """A text of ``value`` that is the same in every process (no memory addresses)."""
+def _seen(value: Any, known: dict[int, str]) -> str:
+    """A text of ``value`` that is the same in every process (no memory addresses);
+    ``known``: the texts of the functions met so far."""
     if isinstance(value, _PLAIN):
         return repr(value)
     if isinstance(value, (list, tuple)):
-        return f"{type(value).__name__}({','.join(_seen(v, visiting) for v in value)})"
+        return f"{type(value).__name__}({','.join(_seen(v, known) for v in value)})"
     if isinstance(value, (set, frozenset)):
-        return f"set({','.join(sorted(_seen(v, visiting) for v in value))})"
+        return f"set({','.join(sorted(_seen(v, known) for v in value))})"
     if isinstance(value, dict):
-        return f"dict({','.join(sorted(f'{_seen(k, visiting)}:{_seen(v, visiting)}' for k, v in value.items()))})"
+        return f"dict({','.join(sorted(f'{_seen(k, known)}:{_seen(v, known)}' for k, v in value.items()))})"
     if isinstance(value, types.ModuleType):
         return f"module {value.__name__}"
     if isinstance(value, types.FunctionType):
-        return _function(value, visiting)
+        return _function(value, known)
     if isinstance(value, types.MethodType):
-        return f"method {_function(value.__func__, visiting)} of {_seen(type(value.__self__), visiting)}"
+        return f"method {_function(value.__func__, known)} of {_seen(type(value.__self__), known)}"
     if isinstance(value, functools.partial):
-        return f"partial {_seen([value.func, value.args, value.keywords], visiting)}"
+        return f"partial {_seen([value.func, value.args, value.keywords], known)}"
     return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
-def _function(fn: types.FunctionType, visiting: set[int]) -> str:
-    """A function's code, closure and named globals (a function reached again inside
-    itself, such as a recursive one, by its name)."""
-    if id(fn) in visiting:
-        return f"function {fn.__qualname__}"
-    visiting.add(id(fn))
-    cells = [c.cell_contents if _filled(c) else "<empty cell>" for c in fn.__closure__ or ()]
-    names = sorted(n for n in _names(fn.__code__) if n in fn.__globals__)
-    closed = {"cells": cells, "globals": {n: fn.__globals__[n] for n in names}}
-    text = f"function {fn.__qualname__} {_code(fn.__code__)} {_seen(closed, visiting)}"
-    visiting.discard(id(fn))
-    return text
+def _function(fn: types.FunctionType, known: dict[int, str]) -> str:
+    """A user's function by its code, closure and named globals; another by its name, as
+    is a function met again while its own text is being made (a recursive one).  Each
+    function's text is made once: a call graph's shared parts are not walked again."""
+    if id(fn) not in known:
+        known[id(fn)] = f"function {fn.__module__}.{fn.__qualname__}"
+        if not _library(fn):
+            cells = [c.cell_contents if _filled(c) else "<empty cell>" for c in fn.__closure__ or ()]
+            names = sorted(n for n in _names(fn.__code__) if n in fn.__globals__)
+            closed = {"cells": cells, "globals": {n: fn.__globals__[n] for n in names}}
+            known[id(fn)] = f"{known[id(fn)]} {_code(fn.__code__)} {_seen(closed, known)}"
+    return known[id(fn)]
 
 
 def _code(code: types.CodeType) -> str:
     """A code object's instructions, constants (nested code objects by their own text,
     since a code object's repr holds its address) and names."""
     consts = [_code(c) if isinstance(c, types.CodeType) else c for c in code.co_consts]
-    return repr((code.co_code, _seen(consts, set()), code.co_names))
+    return repr((code.co_code, _seen(consts, {}), code.co_names))
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -154,10 +156,16 @@ def ship(fn: Callable) -> Callable:
     Spark workers may not be able to import) is pickled with it.  Functions of installed
     packages and of the engine are still pickled by reference."""
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
-    path = getattr(module, "__file__", None)
-    if path is not None and not module.__name__.startswith("circuits.") and not _installed(path):
+    if getattr(module, "__file__", None) is not None and not _library(fn):
         cloudpickle.register_pickle_by_value(module)
     return fn
+
+
+def _library(fn: Callable) -> bool:
+    """Whether ``fn`` is the engine's or an installed package's (not the user's)."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    path = getattr(module, "__file__", None)
+    return module is not None and (module.__name__.startswith("circuits.") or (path is not None and _installed(path)))
 
 
 def _installed(path: str) -> bool:

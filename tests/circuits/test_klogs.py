@@ -221,6 +221,10 @@ def under_limit(s, k, v):
     return (s, [v] if v < LIMIT else [])
 
 
+def calls_under_limit(s, k, v):
+    return under_limit(s, k, v)
+
+
 def test_a_function_id_covers_what_the_function_closes_over_and_the_globals_it_names():
     assert function_id(make_adder(1)) == function_id(make_adder(1))
     assert function_id(make_adder(1)) != function_id(make_adder(100))
@@ -229,6 +233,8 @@ def test_a_function_id_covers_what_the_function_closes_over_and_the_globals_it_n
     moved = types.FunctionType(under_limit.__code__, {**under_limit.__globals__, "LIMIT": 20}, "under_limit")
     moved.__qualname__ = under_limit.__qualname__
     assert function_id(moved) != function_id(under_limit)
+    calls_moved = types.FunctionType(calls_under_limit.__code__, {**under_limit.__globals__, "under_limit": moved})
+    assert function_id(calls_moved) != function_id(calls_under_limit)  # a helper's globals count too
 
 
 def test_a_function_id_is_the_same_in_every_process():
