@@ -32,7 +32,7 @@ from storage.pipeline import status as position
 from storage.views import read_view
 
 from . import devserver
-from .config import HOME_ENV, home, load_project
+from .config import CONFIG_ENV, HOME_ENV, home, load_project
 from .console import Progress, log_path, output_to_log
 from .demo import DemoResult, run_demo
 from .factory import describe, open_pipeline
@@ -60,10 +60,16 @@ def _prepare_home() -> None:
     os.environ[HOME_ENV] = home()
     os.environ.setdefault("DAGSTER_HOME", home("dagster"))
     os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
-    config = os.path.join(os.environ["DAGSTER_HOME"], "dagster.yaml")
-    if not os.path.exists(config):
-        with open(config, "w") as f:
-            f.write(DAGSTER_YAML)
+    _write_once(os.path.join(os.environ["DAGSTER_HOME"], "dagster.yaml"), DAGSTER_YAML)
+    # Dagster's UI greets a home without this file with its "join the community" dialog.
+    _write_once(os.path.join(os.environ["DAGSTER_HOME"], ".nux", "nux.yaml"), "seen: 1\n")
+
+
+def _write_once(path: str, text: str) -> None:
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
 
 
 def _pipeline(args: argparse.Namespace):
@@ -218,8 +224,10 @@ def dev(args: argparse.Namespace) -> int:
     """``dagster dev`` on this project's workspace with the project's Dagster home, stopped
     whole by Ctrl-C (see :mod:`dagster_project.devserver`)."""
     target = ["-w", "workspace.yaml"] if os.path.exists("workspace.yaml") else ["-m", "dagster_project.definitions"]
+    if args.config:  # the code servers dagster dev starts read it from the environment
+        os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     try:
-        problem = devserver.port_problem(*devserver.address(args.dagster_args))
+        problem = None if "--help" in args.dagster_args else devserver.port_problem(*devserver.address(args.dagster_args))
     except ValueError:
         problem = None  # a malformed -p: dagster dev says what is wrong with it
     if problem:
@@ -339,9 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     d = commands.add_parser("demo", help="the main job: Nexmark from the embedded broker through Dagster, checked")
-    d.add_argument("--steps", type=int, default=5)
-    d.add_argument("--events-per-step", type=int, default=1000)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--steps", type=int, default=5, help="steps to run, one per batch of events (default 5)")
+    d.add_argument("--events-per-step", type=int, default=1000, help="Nexmark events produced for each step (default 1000)")
+    d.add_argument("--seed", type=int, default=0, help="the event generator's random seed (default 0)")
     d.add_argument("--reset", action="store_true", help="start the pipeline over (delete its Delta tables first)")
     d.add_argument("--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)")
     d.set_defaults(run=demo)
@@ -359,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         c = commands.add_parser(name, help=text)
         c.set_defaults(run=fn)
     r = commands.add_parser("rescale", help="change the number of workers (the vnode layout)")
-    r.add_argument("--workers", type=int, required=True)
+    r.add_argument("--workers", type=int, required=True, help="workers (Spark tasks) to spread the state's vnodes over")
     r.add_argument("--strategy", choices=["fixed", "dynamic"], help="default: the current layout's")
     r.add_argument("--k", type=float, help="the dynamic strategy's maximum inaccuracy (default 0.1)")
     r.add_argument("--hot", action="store_true", help="copy the moved state first, pausing only to switch")
@@ -383,9 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--json", action="store_true", help="print the figures as JSON (status)")
     g.set_defaults(run=gateway)
 
-    # Every option after ``dev`` is dagster dev's (-p PORT, -h HOST, --help: its own help).
+    # Every option after ``dev`` but --config is dagster dev's (-p PORT, -h HOST, --help: its own help).
     v = commands.add_parser("dev", help="dagster dev with the project's Dagster home (options: dagster dev's)", add_help=False)
     v.set_defaults(run=dev)
+    for command in commands.choices.values():  # --config before or after the command
+        command.add_argument("--config", default=argparse.SUPPRESS, help="pipeline configuration file (as before the command)")
 
     args, unknown = parser.parse_known_args(argv)
     if args.command == "dev":

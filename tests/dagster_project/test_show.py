@@ -2,6 +2,7 @@
 a sink with ``current: false`` keeps no view."""
 
 import os
+import re
 
 import pytest
 import yaml
@@ -90,3 +91,21 @@ def test_a_sink_with_current_false_keeps_only_its_change_log(config):
     assert os.path.isdir(os.path.join(root, "outputs", "totals"))
     assert not os.path.exists(os.path.join(root, "views"))
     assert os.path.isdir(os.path.join(config[1].pipeline_root("wc"), "views", "totals"))
+
+
+def test_config_may_follow_the_command(config, capsys, tmp_path):
+    code = main(["show", "totals", "--pipeline", "wc", "--config", config[0]])
+    out = capsys.readouterr()
+    assert code == 0 and "wc/totals as of step 1" in out.out, out.err
+    # The Dagster home the command prepared: the UI shows no welcome dialog on it.
+    assert (tmp_path / "home" / "dagster" / ".nux" / "nux.yaml").exists()
+
+
+@pytest.mark.parametrize("command", ["demo", "rescale", "show"])
+def test_every_option_has_help(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    options = capsys.readouterr().out.split("options:")[1]
+    for entry in re.split(r"\n  (?=-)", options.strip()):
+        # An entry without help is only the option's names and its metavar (upper case).
+        assert any(not w.startswith("-") and not w.isupper() for w in entry.split()), entry
