@@ -35,7 +35,7 @@ from . import devserver
 from .config import CONFIG_ENV, HOME_ENV, home, load_project
 from .console import Progress, log_path, output_to_log
 from .demo import DemoResult, run_demo
-from .factory import describe, open_pipeline
+from .factory import dead_letters_note, describe, open_pipeline
 from .klogs_demo import run_klogs_demo
 from .resources import EMBEDDED, build_resources
 
@@ -125,12 +125,18 @@ def _reason(e: Exception) -> str:
 
 def _demo_summary(result: DemoResult, daemons: str, path: str) -> list[str]:
     passed, checks = result.checks
-    return [
-        "",
+    failed = result.failed_step
+    checked = [
         "q4, average closing price per category (maintained incrementally, read from its Delta output log):",
         *(f"  category {category}: {avg_final:,.2f}" for category, avg_final in sorted(result.q4)),
         f"q4 equals Spark batch SQL over the whole input log: {'yes' if result.q4_matches else 'NO'}",
+    ]
+    stopped = [f"dbsp demo stopped after step {failed.step} failed; its full trace is in the log below"] if failed else []
+    return [
+        "",
+        *(stopped or checked),
         f"asset checks: {passed} of {checks} passed",
+        result.dead_letters,
         *([daemons] if daemons else []),
         f"full log (Dagster's events, Spark's output): {path}",
     ]
@@ -140,8 +146,10 @@ def status(args: argparse.Namespace) -> int:
     """Prints the committed step, checkpoint version, layout, lease and lag per partition."""
     project, spec = _pipeline(args)
     resources = build_resources(project)
+    root = resources["store"].pipeline_root(spec.name)
     print(f"pipeline {spec.name}")
-    print(describe(report(resources["store"].pipeline_root(spec.name), resources["kafka"].source(spec))))
+    print(describe(report(root, resources["kafka"].source(spec))))
+    print(dead_letters_note(root))
     return 0
 
 

@@ -13,8 +13,9 @@ from dagster_project.cli import main
 from dagster_project.config import load_project
 from dagster_project.factory import open_pipeline
 from dagster_project.resources import build_resources
-from storage.logs import Range
+from storage.logs import DEAD_LETTER_SCHEMA, Range
 
+DEAD = ("t.upper", 0, 7, "not JSON", "{F")
 STEPS = [{"upper": [("F", 1, 1), ("M", 3, 1)]}, {"lower": [("m", 4, 1), ("dog", 2, 1)]}]
 
 
@@ -44,6 +45,8 @@ def stores(spark, spark_resource, tmp_path_factory):
         pipeline = open_pipeline(spec, resources["spark"], resources["store"])
         for step, rows in enumerate(STEPS):
             inputs = {name: from_rows(spark, r, WORDS_SCHEMA) for name, r in rows.items()}
+            # A record of step 0 that could not be decoded (persisted with the input, as a step's read does).
+            pipeline.inputs.persist(step, inputs, spark.createDataFrame([DEAD] if step == 0 else [], DEAD_LETTER_SCHEMA))
             pipeline.submit(step, inputs, [Range("words", 0, step, step + 1)])
             pipeline.run(through=step)
     return str(path), resources["store"]
@@ -109,3 +112,12 @@ def test_every_option_has_help(capsys, command):
     for entry in re.split(r"\n  (?=-)", options.strip()):
         # An entry without help is only the option's names and its metavar (upper case).
         assert any(not w.startswith("-") and not w.isupper() for w in entry.split()), entry
+
+
+def test_status_counts_the_dead_letters(config, capsys):
+    code = main(["status", "--pipeline", "wc", "--config", config[0]])
+    out = capsys.readouterr().out
+    assert code == 0 and "committed through step 1" in out
+    [line] = [line for line in out.splitlines() if line.startswith("dead letters")]
+    assert line.startswith("dead letters (input records that could not be decoded): 1; each with its topic"), line
+    assert line.endswith(os.path.join(config[1].pipeline_root("wc"), "_dead_letters")), line
