@@ -90,7 +90,7 @@ def demo(args: argparse.Namespace) -> int:
     ``--verbose``)."""
     project, _ = _pipeline(args)
     path = log_path(home("logs"), "demo")
-    with output_to_log(path, echo=args.verbose) as terminal:
+    with output_to_log(path, echo=args.verbose, until_exit=True) as terminal:
         # Verbose: the events scroll by, so no live line to garble them.
         with Progress(terminal, live=False if args.verbose else None, mirror=None if args.verbose else sys.stdout) as progress:
             progress.line(f"dbsp demo: {args.steps} steps of {args.events_per_step} Nexmark events, run through Dagster")
