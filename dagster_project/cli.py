@@ -7,6 +7,7 @@ so partitions, runs and sensor cursors survive a restart.
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import threading
 import time
 import traceback
 
+import pyarrow as pa
 from dagster import DagsterInstance
 from rich.console import Console
 from rich.table import Table
@@ -181,9 +183,16 @@ def show(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise DbspError(f"--limit {args.limit}: give a number of rows, 0 or more")
     root = build_resources(project)["store"].pipeline_root(spec.name)
-    snapshot = read_view(root, args.sink, args.step, args.limit)
-    print_view(snapshot, f"{spec.name}/{args.sink}")
+    snapshot = read_view(root, args.sink, args.step)  # every row: the first ones are known once sorted
+    print_view(dataclasses.replace(snapshot, table=sorted_rows(snapshot.table).slice(0, args.limit)), f"{spec.name}/{args.sink}")
     return 0
+
+
+def sorted_rows(table: pa.Table) -> pa.Table:
+    """The rows by their columns, left to right (a view's key columns lead: the group's
+    keys of an aggregate), nulls last; nested columns take no part."""
+    flat = [name for name, kind in zip(table.column_names, table.schema.types) if not pa.types.is_nested(kind)]
+    return table.sort_by([(name, "ascending") for name in flat]) if flat else table
 
 
 def print_view(snapshot, title: str) -> None:

@@ -121,3 +121,11 @@ def test_status_counts_the_dead_letters(config, capsys):
     [line] = [line for line in out.splitlines() if line.startswith("dead letters")]
     assert line.startswith("dead letters (input records that could not be decoded): 1; each with its topic"), line
     assert line.endswith(os.path.join(config[1].pipeline_root("wc"), "_dead_letters")), line
+
+
+def test_show_prints_the_rows_sorted_by_the_views_columns(config, capsys):
+    code, out = show(config, capsys, "totals", "--pipeline", "wc")
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") > 2]
+    assert code == 0 and rows == ["dog", "f", "m"], out
+    code, out = show(config, capsys, "totals", "--pipeline", "wc", "--limit", "1")
+    assert "│ dog " in out and "1 of 3 rows" in out, out
