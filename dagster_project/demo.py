@@ -93,7 +93,7 @@ def run_demo(
     base = project.pipelines[0]
     # One step per batch: cut as soon as a batch is there.
     spec = PipelineSpec(**{**base.model_dump(), "max_records_per_step": events_per_step, "max_wait_seconds": 0})
-    project = ProjectSpec(pipelines=[spec], resources=project.resources)
+    project = project.model_copy(update={"pipelines": [spec], "sources": []})  # its resources, and their file
     defs = build_definitions(project)
     instance = DagsterInstance.get()
     resources = defs.resources
