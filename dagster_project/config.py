@@ -6,13 +6,13 @@ Kafka topic per input handle, and settings.  They are read from the YAML file na
 embedded Nexmark demo pipeline is served.  Every error names the field and the fix.
 """
 
-import contextlib
 import difflib
 import importlib
 import os
 import re
 import types
 import typing
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -135,14 +135,9 @@ class PipelineSpec(BaseModel):
 
     @model_validator(mode="after")
     def _matches_circuit(self) -> "PipelineSpec":
-        with _columns_without_spark():
-            try:
-                circuit = self.build_circuit()
-            except ValueError:
-                raise
-            except Exception:  # noqa: BLE001 - a circuit that needs a session to build: a run checks it
-                return self
-        self.check(circuit)
+        circuit = _built(self.build_circuit)
+        if circuit is not None:
+            self.check(circuit)
         return self
 
     def build_circuit(self) -> Circuit:
@@ -173,17 +168,21 @@ class PipelineSpec(BaseModel):
             raise ConfigError(f"pipeline {self.name!r}: {e}") from None
 
 
-@contextlib.contextmanager
-def _columns_without_spark():
-    """Building a circuit needs Spark columns: Spark Connect's are plain Python expressions,
-    a classic session's need its JVM.  Without either (a code server, a CLI process before
-    its session), Connect's columns are used, so a wrong source or sink fails the load."""
+def _built(build: Callable[[], Circuit]) -> Circuit | None:
+    """What ``build`` returns.  Building a circuit needs Spark columns: Spark Connect's are
+    plain Python expressions, a classic session's need its JVM.  Without either (a code
+    server, a CLI process before its session), Connect's stand in, so that a wrong source or
+    sink fails the load; a circuit that needs a session to be built is left to the run's
+    check (None)."""
     if is_remote() or SparkContext._active_spark_context is not None:
-        yield
-        return
+        return build()
     os.environ[_CONNECT_MODE] = "1"
     try:
-        yield
+        return build()
+    except ValueError:  # the configuration's fault (not a circuit, not importable)
+        raise
+    except Exception:  # noqa: BLE001 - it needs a session
+        return None
     finally:
         os.environ.pop(_CONNECT_MODE, None)
 
