@@ -233,12 +233,15 @@ def served_jobs(port: int) -> set[str]:
 
 
 def test_dbsp_dev_serves_the_configuration_given_with_config(tmp_path):
-    given = tmp_path / "given.yaml"  # not ./dbsp.yaml, which dbsp dev would find by itself
     settings = yaml.safe_load(dev_config(tmp_path).read_text())
     for pipeline in settings["pipelines"]:
         pipeline["sensor_running"] = False  # no broker needed
+    given = tmp_path / "given.yaml"
     given.write_text(yaml.safe_dump(settings))
-    (tmp_path / "dbsp.yaml").unlink()
+    # What dbsp dev finds by itself: ./dbsp.yaml (a decoy here: without it, the built-in
+    # demo on the default ports).
+    settings["pipelines"] = [{**settings["pipelines"][0], "name": "decoy"}]
+    (tmp_path / "dbsp.yaml").write_text(yaml.safe_dump(settings))
     port = free_port()
     # The tree under test, not the one the venv's dbsp script was installed from.
     env = minimal_env(tmp_path, PYTHONPATH=str(PROJECT))
@@ -251,7 +254,7 @@ def test_dbsp_dev_serves_the_configuration_given_with_config(tmp_path):
             assert dev.poll() is None and time.monotonic() < deadline, (tmp_path / "dev.log").read_text()[-3000:]
             time.sleep(1)
         jobs = served_jobs(port)
-        assert {"nexmark_step_job", "revenue_step_job"} <= jobs, jobs  # the built-in demo has no revenue pipeline
+        assert {"nexmark_step_job", "revenue_step_job"} <= jobs and "decoy_step_job" not in jobs, jobs
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(dev.pid, signal.SIGINT)
