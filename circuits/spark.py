@@ -8,6 +8,7 @@ The engine uses only APIs that work both over Spark Connect and in a classic ses
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -167,7 +168,7 @@ def _joinable(url: str) -> str:
 
 
 def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "local[2]", driver_memory: str = "4g",
-                   conf: dict[str, str] | None = None, timeout: float = 120.0) -> str:
+                   conf: dict[str, str] | None = None, timeout: float = 120.0, log_level: str = "WARN") -> str:
     """The URL of the embedded Spark Connect server on 127.0.0.1:``port``, started (detached,
     from the pyspark wheel, pid and log in ``state_dir``) unless a healthy one listens there.
 
@@ -175,10 +176,12 @@ def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "loca
     well under a second instead of starting its own Spark.  They share one session of it
     too (the URL names it): the server starts Python workers (``mapInArrow``) per session,
     and keeps them after the session ends, so a session per run cost each run a second
-    to start them and left three processes behind."""
+    to start them and left three processes behind.  Its log holds ``log_level`` and above
+    (Spark's INFO lines fill a megabyte in minutes) and rolls over at :data:`LOG_BYTES`."""
     url = f"sc://{HOST}:{port}"
     application: list[str] = []
     daemon = Daemon("spark-connect", port, state_dir)
+    _write_if_changed(daemon.path("log4j2.properties"), _server_logging(daemon.log_path, log_level))
     home = os.path.dirname(pyspark.__file__)
     settings = {
         **SERVER_CONF,
@@ -194,6 +197,7 @@ def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "loca
         "--name", "dbsp",
         "--master", master,
         "--driver-memory", driver_memory,
+        "--driver-java-options", f"-Dlog4j2.configurationFile=file:{daemon.path('log4j2.properties')}",
         *[arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")],
     ]
 
@@ -217,6 +221,42 @@ def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "loca
     daemon.ensure(command, ready, env={"SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable})
     # Named after the server's application: a server started anew has new sessions.
     return f"{url}/;session_id={uuid.uuid5(uuid.NAMESPACE_URL, f'{url} {application[-1]}')}"
+
+
+LOG_BYTES = 10 * 2**20
+LOG_FILES = 3  # kept besides the current one
+
+
+def _write_if_changed(path: str, text: str) -> None:
+    # Every run process calls connect_server: rewriting the file each time could let a
+    # starting server read it half written.
+    with contextlib.suppress(FileNotFoundError), open(path) as f:
+        if f.read() == text:
+            return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _server_logging(path: str, level: str) -> str:
+    """Log4j 2 settings for the server: ``level`` and above, into ``path``, rolled over.
+    The JVM's own stdout and stderr go to ``path`` too (the daemon's log): both append."""
+    return "\n".join([
+        f"rootLogger.level = {level}",
+        "rootLogger.appenderRef.file.ref = file",
+        "appender.file.type = RollingFile",
+        "appender.file.name = file",
+        f"appender.file.fileName = {path}",
+        f"appender.file.filePattern = {path}.%i",
+        "appender.file.layout.type = PatternLayout",
+        "appender.file.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
+        "appender.file.policies.type = Policies",
+        "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
+        f"appender.file.policies.size.size = {LOG_BYTES}",
+        "appender.file.strategy.type = DefaultRolloverStrategy",
+        f"appender.file.strategy.max = {LOG_FILES}",
+        "",
+    ])
 
 
 def _probe(url: str, log_path: str) -> str:

@@ -7,6 +7,7 @@ so partitions, runs and sensor cursors survive a restart.
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import threading
 import time
 import traceback
 
+import pyarrow as pa
 from dagster import DagsterInstance
 from rich.console import Console
 from rich.table import Table
@@ -32,10 +34,10 @@ from storage.pipeline import status as position
 from storage.views import read_view
 
 from . import devserver
-from .config import HOME_ENV, home, load_project
+from .config import CONFIG_ENV, HOME_ENV, home, load_project
 from .console import Progress, log_path, output_to_log
 from .demo import DemoResult, run_demo
-from .factory import describe, open_pipeline
+from .factory import dead_letters_note, describe, open_pipeline
 from .klogs_demo import run_klogs_demo
 from .resources import EMBEDDED, build_resources
 
@@ -60,10 +62,16 @@ def _prepare_home() -> None:
     os.environ[HOME_ENV] = home()
     os.environ.setdefault("DAGSTER_HOME", home("dagster"))
     os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
-    config = os.path.join(os.environ["DAGSTER_HOME"], "dagster.yaml")
-    if not os.path.exists(config):
-        with open(config, "w") as f:
-            f.write(DAGSTER_YAML)
+    _write_once(os.path.join(os.environ["DAGSTER_HOME"], "dagster.yaml"), DAGSTER_YAML)
+    # Dagster's UI greets a home without this file with its "join the community" dialog.
+    _write_once(os.path.join(os.environ["DAGSTER_HOME"], ".nux", "nux.yaml"), "seen: 1\n")
+
+
+def _write_once(path: str, text: str) -> None:
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
 
 
 def _pipeline(args: argparse.Namespace):
@@ -84,7 +92,7 @@ def demo(args: argparse.Namespace) -> int:
     ``--verbose``)."""
     project, _ = _pipeline(args)
     path = log_path(home("logs"), "demo")
-    with output_to_log(path, echo=args.verbose) as terminal:
+    with output_to_log(path, echo=args.verbose, until_exit=True) as terminal:
         # Verbose: the events scroll by, so no live line to garble them.
         with Progress(terminal, live=False if args.verbose else None, mirror=None if args.verbose else sys.stdout) as progress:
             progress.line(f"dbsp demo: {args.steps} steps of {args.events_per_step} Nexmark events, run through Dagster")
@@ -119,12 +127,18 @@ def _reason(e: Exception) -> str:
 
 def _demo_summary(result: DemoResult, daemons: str, path: str) -> list[str]:
     passed, checks = result.checks
-    return [
-        "",
+    failed = result.failed_step
+    checked = [
         "q4, average closing price per category (maintained incrementally, read from its Delta output log):",
         *(f"  category {category}: {avg_final:,.2f}" for category, avg_final in sorted(result.q4)),
         f"q4 equals Spark batch SQL over the whole input log: {'yes' if result.q4_matches else 'NO'}",
+    ]
+    stopped = [f"dbsp demo stopped after step {failed.step} failed; its full trace is in the log below"] if failed else []
+    return [
+        "",
+        *(stopped or checked),
         f"asset checks: {passed} of {checks} passed",
+        result.dead_letters,
         *([daemons] if daemons else []),
         f"full log (Dagster's events, Spark's output): {path}",
     ]
@@ -134,8 +148,10 @@ def status(args: argparse.Namespace) -> int:
     """Prints the committed step, checkpoint version, layout, lease and lag per partition."""
     project, spec = _pipeline(args)
     resources = build_resources(project)
+    root = resources["store"].pipeline_root(spec.name)
     print(f"pipeline {spec.name}")
-    print(describe(report(resources["store"].pipeline_root(spec.name), resources["kafka"].source(spec))))
+    print(describe(report(root, resources["kafka"].source(spec))))
+    print(dead_letters_note(root))
     return 0
 
 
@@ -167,9 +183,16 @@ def show(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise DbspError(f"--limit {args.limit}: give a number of rows, 0 or more")
     root = build_resources(project)["store"].pipeline_root(spec.name)
-    snapshot = read_view(root, args.sink, args.step, args.limit)
-    print_view(snapshot, f"{spec.name}/{args.sink}")
+    snapshot = read_view(root, args.sink, args.step)  # every row: the first ones are known once sorted
+    print_view(dataclasses.replace(snapshot, table=sorted_rows(snapshot.table).slice(0, args.limit)), f"{spec.name}/{args.sink}")
     return 0
+
+
+def sorted_rows(table: pa.Table) -> pa.Table:
+    """The rows by their columns, left to right (a view's key columns lead: the group's
+    keys of an aggregate), nulls last; nested columns take no part."""
+    flat = [name for name, kind in zip(table.column_names, table.schema.types) if not pa.types.is_nested(kind)]
+    return table.sort_by([(name, "ascending") for name in flat]) if flat else table
 
 
 def print_view(snapshot, title: str) -> None:
@@ -218,8 +241,10 @@ def dev(args: argparse.Namespace) -> int:
     """``dagster dev`` on this project's workspace with the project's Dagster home, stopped
     whole by Ctrl-C (see :mod:`dagster_project.devserver`)."""
     target = ["-w", "workspace.yaml"] if os.path.exists("workspace.yaml") else ["-m", "dagster_project.definitions"]
+    if args.config:  # the code servers dagster dev starts read it from the environment
+        os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     try:
-        problem = devserver.port_problem(*devserver.address(args.dagster_args))
+        problem = None if "--help" in args.dagster_args else devserver.port_problem(*devserver.address(args.dagster_args))
     except ValueError:
         problem = None  # a malformed -p: dagster dev says what is wrong with it
     if problem:
@@ -339,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     d = commands.add_parser("demo", help="the main job: Nexmark from the embedded broker through Dagster, checked")
-    d.add_argument("--steps", type=int, default=5)
-    d.add_argument("--events-per-step", type=int, default=1000)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--steps", type=int, default=5, help="steps to run, one per batch of events (default 5)")
+    d.add_argument("--events-per-step", type=int, default=1000, help="Nexmark events produced for each step (default 1000)")
+    d.add_argument("--seed", type=int, default=0, help="the event generator's random seed (default 0)")
     d.add_argument("--reset", action="store_true", help="start the pipeline over (delete its Delta tables first)")
     d.add_argument("--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)")
     d.set_defaults(run=demo)
@@ -359,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         c = commands.add_parser(name, help=text)
         c.set_defaults(run=fn)
     r = commands.add_parser("rescale", help="change the number of workers (the vnode layout)")
-    r.add_argument("--workers", type=int, required=True)
+    r.add_argument("--workers", type=int, required=True, help="workers (Spark tasks) to spread the state's vnodes over")
     r.add_argument("--strategy", choices=["fixed", "dynamic"], help="default: the current layout's")
     r.add_argument("--k", type=float, help="the dynamic strategy's maximum inaccuracy (default 0.1)")
     r.add_argument("--hot", action="store_true", help="copy the moved state first, pausing only to switch")
@@ -383,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--json", action="store_true", help="print the figures as JSON (status)")
     g.set_defaults(run=gateway)
 
-    # Every option after ``dev`` is dagster dev's (-p PORT, -h HOST, --help: its own help).
+    # Every option after ``dev`` but --config is dagster dev's (-p PORT, -h HOST, --help: its own help).
     v = commands.add_parser("dev", help="dagster dev with the project's Dagster home (options: dagster dev's)", add_help=False)
     v.set_defaults(run=dev)
+    for command in commands.choices.values():  # --config before or after the command
+        command.add_argument("--config", default=argparse.SUPPRESS, help="pipeline configuration file (as before the command)")
 
     args, unknown = parser.parse_known_args(argv)
     if args.command == "dev":

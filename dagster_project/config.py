@@ -6,18 +6,23 @@ Kafka topic per input handle, and settings.  They are read from the YAML file na
 embedded Nexmark demo pipeline is served.  Every error names the field and the fix.
 """
 
+import difflib
 import importlib
 import os
 import re
+import types
+import typing
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -130,11 +135,9 @@ class PipelineSpec(BaseModel):
 
     @model_validator(mode="after")
     def _matches_circuit(self) -> "PipelineSpec":
-        # Building a circuit needs Spark columns: Spark Connect's are plain Python, a classic
-        # session's need its JVM.  A code server has no JVM, so in classic mode the check
-        # waits until a run builds the circuit.
-        if is_remote() or SparkContext._active_spark_context is not None:
-            self.check(self.build_circuit())
+        circuit = _built(self.build_circuit)
+        if circuit is not None:
+            self.check(circuit)
         return self
 
     def build_circuit(self) -> Circuit:
@@ -165,6 +168,28 @@ class PipelineSpec(BaseModel):
             raise ConfigError(f"pipeline {self.name!r}: {e}") from None
 
 
+def _built(build: Callable[[], Circuit]) -> Circuit | None:
+    """What ``build`` returns.  Building a circuit needs Spark columns: Spark Connect's are
+    plain Python expressions, a classic session's need its JVM.  Without either (a code
+    server, a CLI process before its session), Connect's stand in, so that a wrong source or
+    sink fails the load; a circuit that needs a session to be built is left to the run's
+    check (None)."""
+    if is_remote() or SparkContext._active_spark_context is not None:
+        return build()
+    os.environ[_CONNECT_MODE] = "1"
+    try:
+        return build()
+    except ValueError:  # the configuration's fault (not a circuit, not importable)
+        raise
+    except Exception:  # noqa: BLE001 - it needs a session
+        return None
+    finally:
+        os.environ.pop(_CONNECT_MODE, None)
+
+
+_CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"  # what pyspark's is_remote() reads
+
+
 class ResourcesSpec(BaseModel):
     """Settings of the Dagster resources; a value ``{env: NAME}`` is read from the
     environment variable ``NAME`` when a run starts (for secrets)."""
@@ -181,6 +206,7 @@ class ResourcesSpec(BaseModel):
 
 class ProjectSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    _source: str = PrivateAttr("the configuration")
 
     pipelines: list[PipelineSpec] = Field(description="the pipelines this code location serves")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="settings of Spark, the store and Kafka")
@@ -207,6 +233,11 @@ class ProjectSpec(BaseModel):
             raise ValueError(f"sources: group names must be unique, got {names}")
         return self
 
+    @property
+    def source(self) -> str:
+        """Where the settings were read from (the file), for errors found after parsing."""
+        return self._source
+
     def topic_partitions(self, topic: str) -> int:
         """The partitions the embedded broker gives ``topic`` (its pipeline's setting)."""
         return next(p.topic_partitions for p in self.pipelines if topic in p.sources.values())
@@ -230,6 +261,7 @@ DEMO = {
 def load_project(path: str | None = None) -> ProjectSpec:
     """The project's pipelines from ``path`` (default: ``$DBSP_CONFIG``, then ``./dbsp.yaml``,
     then the built-in Nexmark demo)."""
+    named = path or (f"{CONFIG_ENV}={os.environ[CONFIG_ENV]}" if os.environ.get(CONFIG_ENV) else None)
     path = path or os.environ.get(CONFIG_ENV) or ("dbsp.yaml" if os.path.exists("dbsp.yaml") else None)
     if path is None:
         return parse_project(DEMO, "the built-in demo configuration")
@@ -237,22 +269,85 @@ def load_project(path: str | None = None) -> ProjectSpec:
         with open(path) as f:
             data = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{CONFIG_ENV}={path}: cannot read the pipeline configuration: {e}") from e
+        raise ConfigError(f"{named or path}: cannot read the pipeline configuration: {e}") from e
     return parse_project(data, path)
 
 
 def parse_project(data: object, source: str) -> ProjectSpec:
     try:
-        return ProjectSpec.model_validate(data)
+        project = ProjectSpec.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(_describe(error) for error in e.errors())
-        raise ConfigError(f"{source}: {problems}") from None
+        raise ConfigError(f"{source}: {describe_errors(e, ProjectSpec)}") from None
+    project._source = source
+    return project
 
 
-def _describe(error: dict) -> str:
-    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+def describe_errors(error: ValidationError, model: type[BaseModel], prefix: tuple = ()) -> str:
+    """Each problem of ``error`` (raised validating ``model``, found under ``prefix`` of the
+    configuration) as ``where: what (expected: the field's description)``; an unknown key
+    gets the nearest valid one."""
+    return "; ".join(_describe(e, model, prefix) for e in error.errors())
+
+
+def _describe(error: dict, model: type[BaseModel], prefix: tuple) -> str:
+    loc = tuple(error["loc"])
+    where = ".".join(str(part) for part in prefix + loc) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
-    fields = SinkSpec.model_fields | PipelineSpec.model_fields if "sinks" in error["loc"] else PipelineSpec.model_fields
-    field = fields.get(str(error["loc"][-1])) if error["loc"] else None
+    parent = _model_at(model, loc[:-1])
+    if error["type"] == "extra_forbidden" and parent is not None:
+        return f"{where}: {message}; {_nearest(str(loc[-1]), list(parent.model_fields))}"
+    field = parent.model_fields.get(str(loc[-1])) if parent is not None and loc else None
     hint = f" (expected: {field.description})" if field is not None and field.description else ""
     return f"{where}: {message}{hint}"
+
+
+def _nearest(key: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else f"the settings here are {', '.join(names)}"
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The model that holds the value at ``loc`` (field names, list indexes, dict keys and
+    the tags of discriminated unions, as pydantic reports them), or None."""
+    current: Any = model
+    for part in loc:
+        current = _inner(current, part)
+        if current is None:
+            return None
+    current = _unwrapped(current)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _inner(annotation: Any, part: Any) -> Any:
+    annotation = _unwrapped(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field = annotation.model_fields.get(str(part))
+        return field.annotation if field is not None else None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (list, tuple, set, frozenset) and isinstance(part, int):
+        return args[0] if args else None
+    if origin is dict:
+        return args[1] if args else None
+    if origin in (typing.Union, types.UnionType):
+        return next((member for member in args if part in _tags(member)), None)
+    return None
+
+
+def _unwrapped(annotation: Any) -> Any:
+    """``X`` of ``Annotated[X, ...]`` and of ``X | None``."""
+    while True:
+        if typing.get_origin(annotation) is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+            continue
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(members) == 1:
+            annotation = members[0]
+            continue
+        return annotation
+
+
+def _tags(member: Any) -> set:
+    """The literal values a union member's fields pin (its discriminator's tag)."""
+    if not (isinstance(member, type) and issubclass(member, BaseModel)):
+        return set()
+    return {v for f in member.model_fields.values() if typing.get_origin(f.annotation) is Literal for v in typing.get_args(f.annotation)}

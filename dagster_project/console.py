@@ -41,9 +41,12 @@ def log_path(directory: str, command: str) -> str:
 
 
 @contextlib.contextmanager
-def output_to_log(path: str, echo: bool = False) -> Iterator[IO[str]]:
+def output_to_log(path: str, echo: bool = False, until_exit: bool = False) -> Iterator[IO[str]]:
     """Sends everything written to descriptors 1 and 2 to ``path`` (and, with ``echo``, to
-    the terminal as well) for the block; yields a text stream on the original stdout."""
+    the terminal as well) for the block; yields a text stream on the original stdout.
+    With ``until_exit`` (and no ``echo``) they stay on the log after the block: a client's
+    threads may still write (Spark Connect's releases of a failed query warn), and the
+    terminal's last line is the command's own."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved = os.dup(1), os.dup(2)
@@ -58,8 +61,9 @@ def output_to_log(path: str, echo: bool = False) -> Iterator[IO[str]]:
         finally:
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
+            if tee or not until_exit:
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
             if tee:
                 tee.close()
             for fd in saved:

@@ -6,6 +6,7 @@ each requested step through Dagster on local Spark, and finally checks the maint
 read back from its output Delta table, against Spark batch SQL over the input log.
 """
 
+import re
 import shutil
 import time
 import uuid
@@ -17,14 +18,15 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from circuits.daemon import listening
+from circuits.errors import DbspError
 from circuits.library.nexmark_queries import RECOMPUTE_SQL
 from circuits.zset import WEIGHT
-from storage.logs import STEP, read_steps
+from storage.logs import STEP, DivisionLog, read_steps
 from storage.pipeline import Pipeline, status
 
 from .config import PipelineSpec, ProjectSpec, load_object
 from .console import Progress
-from .factory import build_definitions, produce_events
+from .factory import build_definitions, dead_letters_note, produce_events
 from .resources import EMBEDDED
 
 # The engine's phases (the step materialization's ``seconds/<phase>`` metadata), as shown.
@@ -67,7 +69,8 @@ class StepReport:
 class DemoResult:
     steps: list[StepReport]
     q4: Counter
-    q4_matches: bool
+    q4_matches: bool | None  # None: not checked (a step failed)
+    dead_letters: str = ""  # their count, and where to read them
 
     @property
     def checks(self) -> tuple[int, int]:
@@ -75,8 +78,12 @@ class DemoResult:
         return sum(s.checks_passed for s in self.steps), sum(s.checks for s in self.steps)
 
     @property
+    def failed_step(self) -> StepReport | None:
+        return next((s for s in self.steps if not s.succeeded), None)
+
+    @property
     def succeeded(self) -> bool:
-        return bool(self.steps) and self.q4_matches and all(s.succeeded for s in self.steps)
+        return bool(self.steps) and self.q4_matches is True and self.failed_step is None
 
 
 def run_demo(
@@ -86,7 +93,7 @@ def run_demo(
     base = project.pipelines[0]
     # One step per batch: cut as soon as a batch is there.
     spec = PipelineSpec(**{**base.model_dump(), "max_records_per_step": events_per_step, "max_wait_seconds": 0})
-    project = ProjectSpec(pipelines=[spec], resources=project.resources)
+    project = project.model_copy(update={"pipelines": [spec], "sources": []})  # its resources, and their file
     defs = build_definitions(project)
     instance = DagsterInstance.get()
     resources = defs.resources
@@ -113,12 +120,22 @@ def run_demo(
         for request in result.dynamic_partitions_requests or []:
             instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
         for request in result.run_requests or []:
-            report = _run_step(step_job, instance, request, (start, start + events_per_step), progress)
+            report = _run_step(step_job, instance, request, _events(root, int(request.partition_key)), progress)
             progress.line(report.line())
             reports.append(report)
+    dead_letters = dead_letters_note(root)
+    if not all(r.succeeded for r in reports):  # the server may be gone with the step: nothing to check
+        return DemoResult(reports, Counter(), None, dead_letters)
     with progress.phase("checking q4 against Spark batch SQL over the input log"):
         pipeline = Pipeline(session, root, spec.circuit_def, workers=spec.workers)
-        return _check_q4(pipeline, reports)
+        return _check_q4(pipeline, reports, dead_letters)
+
+
+def _events(root: str, step: int) -> tuple[int, int]:
+    """The demo events of ``step``: the records of every step before it, up to its own."""
+    counts = {s: sum(r.end - r.start for r in ranges) for s, ranges in DivisionLog(root).all().items()}
+    first = sum(n for s, n in counts.items() if s < step)
+    return first, first + counts.get(step, 0)
 
 
 def _kafka_phase(kafka) -> str:
@@ -174,14 +191,32 @@ def step_report(step: int, events: tuple[int, int], outcome, seconds: float) -> 
         report.phases = {k.removeprefix("seconds/"): v for k, v in metadata.items() if k.startswith("seconds/")}
     failures = [e for e in outcome.all_events if e.is_step_failure]
     if failures:
-        # The first line of the error; the whole traceback is in the run's events (the log).
-        report.error = failures[0].step_failure_data.error.message.strip().splitlines()[0]
+        report.error = cause(failures[0].step_failure_data.error)
     evaluations = outcome.get_asset_check_evaluations()
     report.checks, report.checks_passed = len(evaluations), sum(e.passed for e in evaluations)
     return report
 
 
-def _check_q4(pipeline: Pipeline, reports: list[StepReport]) -> DemoResult:
+def cause(error, lines: int = 3) -> str:
+    """What failed, from a Dagster error: its wrapper ("Error occurred while executing op")
+    says nothing, so the first of its causes that is the project's own error, else the
+    innermost one; its first ``lines`` (the whole traceback is in the run's events)."""
+    chain = []
+    while error is not None:
+        chain.append(error)
+        error = error.cause or error.context
+    own = _names(DbspError)
+    found = next((e for e in chain if e.cls_name in own), chain[-1])
+    text = "\n  ".join(found.message.strip().splitlines()[:lines])
+    # The message starts with the error's (qualified) type: the project's errors say what to do without it.
+    return re.sub(rf"^[\w.]*\b{found.cls_name}: ", "", text) if found.cls_name in own else text
+
+
+def _names(cls: type) -> set[str]:
+    return {cls.__name__, *(name for sub in cls.__subclasses__() for name in _names(sub))}
+
+
+def _check_q4(pipeline: Pipeline, reports: list[StepReport], dead_letters: str) -> DemoResult:
     """q4 integrated from its output log against Spark SQL over the integrated input log."""
     last = status(pipeline.root).committed_step - 1
     spark = pipeline.spark
@@ -189,7 +224,7 @@ def _check_q4(pipeline: Pipeline, reports: list[StepReport]) -> DemoResult:
         integral(read_steps(spark, pipeline.inputs.uri(handle), 0, last)).createOrReplaceTempView(handle)
     recomputed = Counter(tuple(r) for r in spark.sql(RECOMPUTE_SQL["q4"]).collect())
     maintained = Counter(tuple(r) for r in integral(pipeline.outputs.read("q4", 0, last)).collect())
-    return DemoResult(reports, maintained, _rounded(maintained) == _rounded(recomputed))
+    return DemoResult(reports, maintained, _rounded(maintained) == _rounded(recomputed), dead_letters)
 
 
 def integral(changes: DataFrame) -> DataFrame:

@@ -40,7 +40,7 @@ from sensors.ingest import KafkaSource, run_steps
 from sensors.status import report
 from storage import inspect, views
 from storage.errors import ViewError
-from storage.logs import DivisionLog, output_uri
+from storage.logs import DivisionLog, dead_letters_uri, output_uri
 from storage.pipeline import Pipeline, status
 
 from .config import PipelineSpec, ProjectSpec, home, load_object
@@ -396,6 +396,14 @@ def produce_events(source: KafkaSource, records_of, events: int, seed: int) -> i
     for handle, records in records_of(start, events, seed).items():
         client.produce(source.topics[handle], (json.dumps(r).encode() for r in records))
     return start
+
+
+def dead_letters_note(root: str) -> str:
+    """How many input records of the pipeline at ``root`` could not be decoded, and where they are."""
+    uri = dead_letters_uri(root)
+    count = inspect.rows_of_steps(uri, 0, status(root).divided_step)
+    where = f"; each with its topic, partition, offset and reason in the Delta table {uri}" if count else ""
+    return f"dead letters (input records that could not be decoded): {count}{where}"
 
 
 def describe(r) -> str:

@@ -39,7 +39,7 @@ def demo_project(project: ProjectSpec, run: str) -> ProjectSpec:
         sensor_running=False,
         lease_wait_seconds=30,
     )
-    return ProjectSpec(pipelines=[spec], resources=project.resources)
+    return project.model_copy(update={"pipelines": [spec], "sources": []})  # its resources, and their file
 
 
 class Demo:

@@ -5,19 +5,25 @@ where input comes from (Kafka).  Secrets are read from the environment with ``En
 from urllib.parse import urlparse
 
 from dagster import ConfigurableResource, EnvVar
-from pydantic import Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pyspark.sql import SparkSession
 
 from circuits.spark import connect_server, remote_session, session
 from sensors.broker import ensure_local_broker, ensure_topics, local_producer_config
 from sensors.ingest import KafkaSource
 
-from .config import ConfigError, PipelineSpec, ProjectSpec, home
+from .config import ConfigError, PipelineSpec, ProjectSpec, describe_errors, home
 
 EMBEDDED = "embedded"
 
 
-class SparkResource(ConfigurableResource):
+class _Resource(ConfigurableResource):
+    # Dagster's resources ignore unknown keys: a misspelled setting would fall back to its
+    # default (such as another user's port) without a word.
+    model_config = ConfigDict(extra="forbid")
+
+
+class SparkResource(_Resource):
     """The Spark that runs steps.  By default, the embedded Spark Connect server: one warm
     local JVM that every run, sensor and CLI process of the machine shares (started on
     ``embedded_port`` when none runs; its pid and log under ``$DBSP_HOME/spark``).
@@ -30,6 +36,7 @@ class SparkResource(ConfigurableResource):
     embedded_port: int = Field(15002, gt=0, lt=65536, description="port of the embedded Spark Connect server")
     embedded_master: str = Field("local[2]", description="the embedded server's Spark master")
     embedded_driver_memory: str = Field("4g", description="the embedded server's JVM heap")
+    embedded_log_level: str = Field("WARN", description="the embedded server's log level (Log4j: ERROR, WARN, INFO, DEBUG)")
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings, e.g. spark.executor.memory")
 
     def session(self) -> SparkSession:
@@ -39,12 +46,13 @@ class SparkResource(ConfigurableResource):
             return remote_session(self.remote, self.conf)
         # The embedded server takes the extra settings when it starts (a running one keeps its own).
         url = connect_server(
-            home("spark"), self.embedded_port, self.embedded_master, self.embedded_driver_memory, self.conf
+            home("spark"), self.embedded_port, self.embedded_master, self.embedded_driver_memory, self.conf,
+            log_level=self.embedded_log_level,
         )
         return remote_session(url, setting="resources.spark.embedded_port")
 
 
-class StoreResource(ConfigurableResource):
+class StoreResource(_Resource):
     """Where each pipeline keeps its Delta tables: ``<root>/<pipeline>`` (default
     ``$DBSP_HOME/pipelines``)."""
 
@@ -65,7 +73,7 @@ class StoreResource(ConfigurableResource):
         return f"{self.root or home('pipelines')}/{name}"
 
 
-class KafkaResource(ConfigurableResource):
+class KafkaResource(_Resource):
     """The Kafka cluster the offset sensors watch.  ``embedded`` (the default) starts the
     bundled broker on ``embedded_port`` if nothing listens there (its records live in
     memory only: for local runs, not production)."""
@@ -114,8 +122,7 @@ def build_resources(project: ProjectSpec) -> dict[str, ConfigurableResource]:
         try:
             resources[key] = cls(**{name: _value(v) for name, v in settings.items()})
         except ValidationError as e:
-            problems = "; ".join(f"resources.{key}.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-            raise ConfigError(problems) from None
+            raise ConfigError(f"{project.source}: {describe_errors(e, cls, ('resources', key))}") from None
     return resources
 
 

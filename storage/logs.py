@@ -198,6 +198,11 @@ class StepInput:
     """Rows of every delta together, by the files' statistics (None: a file has none)."""
 
 
+def dead_letters_uri(root: str) -> str:
+    """The pipeline's table of input records that could not be decoded."""
+    return os.path.join(root, DEAD_LETTERS)
+
+
 class InputLog:
     """Each step's input Z-sets, persisted per input handle under ``<root>/inputs``, so a
     replay never depends on the source's retention.  Records that could not be decoded
@@ -214,7 +219,7 @@ class InputLog:
 
     @property
     def dead_letters_uri(self) -> str:
-        return os.path.join(self.root, DEAD_LETTERS)
+        return dead_letters_uri(self.root)
 
     def persisted(self, step: int) -> bool:
         return all(_recorded(self.uri(h), "input", step) for h in self.schemas)

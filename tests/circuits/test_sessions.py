@@ -49,3 +49,14 @@ def test_a_process_whose_named_session_was_closed_takes_its_own(connect_url):
     closing.close()
     count, session = _session_of_child(named)
     assert count == 7 and session != closed
+
+
+def test_the_embedded_server_logs_warnings_only_into_a_rolling_file(connect_url, tmp_path_factory):
+    # The test session's server, started by connect_server as dbsp starts the embedded one.
+    port = connect_url.split(":")[2].split("/")[0]
+    [log] = tmp_path_factory.getbasetemp().glob(f"spark[0-9]*/spark-connect-{port}.log")
+    settings = Path(f"{log.parent}/spark-connect-{port}.log4j2.properties").read_text()
+    assert "rootLogger.level = WARN" in settings and f"appender.file.fileName = {log}" in settings
+    assert "SizeBasedTriggeringPolicy" in settings
+    text = log.read_text()
+    assert " INFO " not in text, text[:2000]  # at INFO, Spark says which version it runs, first thing

@@ -2,6 +2,7 @@
 (no venv on PATH), its demo's terminal output, and ``dbsp dev`` stopped by a Ctrl-C."""
 
 import contextlib
+import json
 import os
 import pty
 import re
@@ -212,6 +213,52 @@ def test_dbsp_dev_on_a_port_in_use_says_so_once(tmp_path):
         started = time.monotonic()
         done = subprocess.run([DBSP, "dev", "-p", str(port)], env=minimal_env(tmp_path), cwd=tmp_path,
                               capture_output=True, text=True, timeout=60)
+        seconds = time.monotonic() - started
+        # Asking for help is not serving: dagster dev's help, whatever the port.
+        helped = subprocess.run([DBSP, "dev", "-p", str(port), "--help"], env=minimal_env(tmp_path, PYTHONPATH=str(PROJECT)),
+                                cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.count("address already in use") == 1 and "Traceback" not in done.stderr, done.stderr
-    assert f"127.0.0.1:{port}" in done.stderr and time.monotonic() - started < 30
+    assert f"127.0.0.1:{port}" in done.stderr and seconds < 30
+    assert helped.returncode == 0 and "dagster dev [OPTIONS]" in helped.stdout, helped.stderr
+
+
+def served_jobs(port: int) -> set[str]:
+    query = {"query": "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }"}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", json.dumps(query).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        nodes = json.load(answer)["data"]["repositoriesOrError"]["nodes"]
+    return {job["name"] for node in nodes for job in node["jobs"]}
+
+
+def test_dbsp_dev_serves_the_configuration_given_with_config(tmp_path):
+    settings = yaml.safe_load(dev_config(tmp_path).read_text())
+    for pipeline in settings["pipelines"]:
+        pipeline["sensor_running"] = False  # no broker needed
+    given = tmp_path / "given.yaml"
+    given.write_text(yaml.safe_dump(settings))
+    # What dbsp dev finds by itself: ./dbsp.yaml (a decoy here: without it, the built-in
+    # demo on the default ports).
+    settings["pipelines"] = [{**settings["pipelines"][0], "name": "decoy"}]
+    (tmp_path / "dbsp.yaml").write_text(yaml.safe_dump(settings))
+    port = free_port()
+    # The tree under test, not the one the venv's dbsp script was installed from.
+    env = minimal_env(tmp_path, PYTHONPATH=str(PROJECT))
+    with open(tmp_path / "dev.log", "w") as log:
+        dev = subprocess.Popen([DBSP, "--config", str(given), "dev", "-h", "127.0.0.1", "-p", str(port)], env=env,
+                               cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not served(port):
+            assert dev.poll() is None and time.monotonic() < deadline, (tmp_path / "dev.log").read_text()[-3000:]
+            time.sleep(1)
+        jobs = served_jobs(port)
+        assert {"nexmark_step_job", "revenue_step_job"} <= jobs and "decoy_step_job" not in jobs, jobs
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(dev.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            dev.wait(timeout=15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(dev.pid, signal.SIGKILL)

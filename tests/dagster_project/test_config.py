@@ -1,11 +1,18 @@
 """The code location loads, and bad configuration fails with the field and the fix named."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from dagster_project.config import ConfigError, parse_project
+from dagster_project.config import ConfigError, load_project, parse_project
 from dagster_project.resources import build_resources
 
 from .harness import project_settings
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def test_default_code_location_serves_the_demo_pipeline(spark):
@@ -28,7 +35,8 @@ def test_default_code_location_serves_the_demo_pipeline(spark):
         ({"bags": ["q9"]}, ["bags", "not sinks"]),
         ({"sinks": [{"name": "bids_by_category", "current": "maybe"}]}, ["pipelines.0.sinks.0.current", "valid boolean", "views/<sink>"]),
         ({"name": "Bad-Name"}, ["pipelines.0.name", "identifier"]),
-        ({"workerz": 3}, ["pipelines.0.workerz", "xtra"]),
+        ({"workerz": 3}, ["pipelines.0.workerz", "xtra", "did you mean 'workers'?"]),
+        ({"sinks": [{"name": "bids_by_category", "curent": False}]}, ["pipelines.0.sinks.0.curent", "did you mean 'current'?"]),
     ],
 )
 def test_a_bad_pipeline_setting_is_named_with_its_fix(spark, change, named):
@@ -43,22 +51,57 @@ def test_a_bad_pipeline_setting_is_named_with_its_fix(spark, change, named):
 @pytest.mark.parametrize(
     "resources, named",
     [
-        ({"kafka": {"embedded_port": "x"}}, ["resources.kafka.embedded_port"]),
+        ({"kafka": {"embedded_port": "x"}}, ["resources.kafka.embedded_port", "(expected: port of the embedded broker)"]),
         ({"store": {"root": "s3://bucket/pipelines"}}, ["resources.store.root", "mount"]),
+        # Misspelled, each would fall back to its default (another user's port, say).
+        ({"spark": {"embeded_port": 15202}}, ["resources.spark.embeded_port", "did you mean 'embedded_port'?"]),
+        ({"kafka": {"bootstrap_server": "k:9092"}}, ["resources.kafka.bootstrap_server", "did you mean 'bootstrap_servers'?"]),
+        ({"store": {"rot": "/data"}}, ["resources.store.rot", "did you mean 'root'?"]),
+        ({"sprak": {}}, ["resources.sprak", "did you mean 'spark'?"]),
     ],
 )
 def test_a_bad_resource_setting_is_named(spark, resources, named):
     settings = project_settings("/tmp/x", "localhost:1", "good")
     settings["resources"] = resources
     with pytest.raises(ConfigError) as error:
-        build_resources(parse_project(settings, "dbsp.yaml"))
+        build_resources(parse_project(settings, "my.yaml"))
+    assert str(error.value).startswith("my.yaml: resources."), error.value
     for text in named:
         assert text in str(error.value)
 
 
-def test_the_example_configuration_is_valid(spark):
-    from dagster_project.config import load_project
+def test_a_yaml_error_names_the_file_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("DBSP_CONFIG", str(tmp_path / "other.yaml"))
+    path = tmp_path / "given.yaml"
+    path.write_text("pipelines: [\n")
+    with pytest.raises(ConfigError) as error:
+        load_project(str(path))
+    assert str(error.value).startswith(f"{path}: cannot read") and "DBSP_CONFIG" not in str(error.value)
 
+
+# A process without Spark, as a code server is when it loads the definitions.
+UNKNOWN_SINK = """
+import sys
+from dagster_project.config import ConfigError, parse_project
+from pyspark import SparkContext
+settings = {"pipelines": [{"name": "wc", "circuit": "circuits.library:word_count",
+                           "sources": {"upper": "a", "lower": "b"}, "sinks": ["totalz"]}]}
+try:
+    parse_project(settings, "dbsp.yaml")
+except ConfigError as e:
+    print(e)
+assert SparkContext._active_spark_context is None
+"""
+
+
+def test_an_unknown_sink_fails_when_the_configuration_loads_without_spark():
+    done = subprocess.run([sys.executable, "-c", UNKNOWN_SINK], capture_output=True, text=True, timeout=120,
+                          cwd=PROJECT, env={**os.environ, "PYTHONPATH": str(PROJECT)})
+    assert done.returncode == 0, done.stderr
+    assert "sinks: ['totalz'] are not outputs of the circuit; its outputs are ['totals']" in done.stdout, done.stdout
+
+
+def test_the_example_configuration_is_valid(spark):
     project = load_project("dbsp.example.yaml")
     assert [p.name for p in project.pipelines] == ["nexmark", "revenue"]
     assert [g.kind for g in project.sources] == ["files", "tcp"]

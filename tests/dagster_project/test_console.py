@@ -63,3 +63,20 @@ def test_off_a_terminal_progress_prints_plain_lines_only():
             progress.line("step 0: events 0..10 [in brackets]")
     assert stream.getvalue() == "step 0: events 0..10 [in brackets]\n"
 
+
+
+LATE = """
+import os, sys
+from dagster_project.console import output_to_log
+
+with output_to_log(sys.argv[1], until_exit=True) as terminal:
+    terminal.write("the last line\\n")
+os.write(2, b"a late warning from a client thread\\n")
+"""
+
+
+def test_until_exit_late_writers_go_to_the_log(tmp_path):
+    path = log_path(str(tmp_path), "demo")
+    done = subprocess.run([sys.executable, "-c", LATE, path], capture_output=True, text=True, timeout=60, check=True)
+    assert (done.stdout, done.stderr) == ("the last line\n", "")
+    assert "a late warning from a client thread" in open(path).read()

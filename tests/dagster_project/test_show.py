@@ -2,6 +2,7 @@
 a sink with ``current: false`` keeps no view."""
 
 import os
+import re
 
 import pytest
 import yaml
@@ -12,8 +13,9 @@ from dagster_project.cli import main
 from dagster_project.config import load_project
 from dagster_project.factory import open_pipeline
 from dagster_project.resources import build_resources
-from storage.logs import Range
+from storage.logs import DEAD_LETTER_SCHEMA, Range
 
+DEAD = ("t.upper", 0, 7, "not JSON", "{F")
 STEPS = [{"upper": [("F", 1, 1), ("M", 3, 1)]}, {"lower": [("m", 4, 1), ("dog", 2, 1)]}]
 
 
@@ -43,6 +45,8 @@ def stores(spark, spark_resource, tmp_path_factory):
         pipeline = open_pipeline(spec, resources["spark"], resources["store"])
         for step, rows in enumerate(STEPS):
             inputs = {name: from_rows(spark, r, WORDS_SCHEMA) for name, r in rows.items()}
+            # A record of step 0 that could not be decoded (persisted with the input, as a step's read does).
+            pipeline.inputs.persist(step, inputs, spark.createDataFrame([DEAD] if step == 0 else [], DEAD_LETTER_SCHEMA))
             pipeline.submit(step, inputs, [Range("words", 0, step, step + 1)])
             pipeline.run(through=step)
     return str(path), resources["store"]
@@ -90,3 +94,38 @@ def test_a_sink_with_current_false_keeps_only_its_change_log(config):
     assert os.path.isdir(os.path.join(root, "outputs", "totals"))
     assert not os.path.exists(os.path.join(root, "views"))
     assert os.path.isdir(os.path.join(config[1].pipeline_root("wc"), "views", "totals"))
+
+
+def test_config_may_follow_the_command(config, capsys, tmp_path):
+    code = main(["show", "totals", "--pipeline", "wc", "--config", config[0]])
+    out = capsys.readouterr()
+    assert code == 0 and "wc/totals as of step 1" in out.out, out.err
+    # The Dagster home the command prepared: the UI shows no welcome dialog on it.
+    assert (tmp_path / "home" / "dagster" / ".nux" / "nux.yaml").exists()
+
+
+@pytest.mark.parametrize("command", ["demo", "rescale", "show"])
+def test_every_option_has_help(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    options = capsys.readouterr().out.split("options:")[1]
+    for entry in re.split(r"\n  (?=-)", options.strip()):
+        # An entry without help is only the option's names and its metavar (upper case).
+        assert any(not w.startswith("-") and not w.isupper() for w in entry.split()), entry
+
+
+def test_status_counts_the_dead_letters(config, capsys):
+    code = main(["status", "--pipeline", "wc", "--config", config[0]])
+    out = capsys.readouterr().out
+    assert code == 0 and "committed through step 1" in out
+    [line] = [line for line in out.splitlines() if line.startswith("dead letters")]
+    assert line.startswith("dead letters (input records that could not be decoded): 1; each with its topic"), line
+    assert line.endswith(os.path.join(config[1].pipeline_root("wc"), "_dead_letters")), line
+
+
+def test_show_prints_the_rows_sorted_by_the_views_columns(config, capsys):
+    code, out = show(config, capsys, "totals", "--pipeline", "wc")
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") > 2]
+    assert code == 0 and rows == ["dog", "f", "m"], out
+    code, out = show(config, capsys, "totals", "--pipeline", "wc", "--limit", "1")
+    assert "│ dog " in out and "1 of 3 rows" in out, out

@@ -1,0 +1,57 @@
+"""What the demo shows of each step and at its end: a failed step's own error, each
+step's own events, the dead letters; no q4 check after a failed step."""
+
+from collections import Counter
+
+from dagster import job, op
+
+from dagster_project.cli import _demo_summary
+from dagster_project.demo import DemoResult, StepReport, _events, step_report
+from storage.errors import InputTimeoutError
+from storage.logs import DivisionLog, Range
+
+
+@op
+def times_out():
+    try:
+        raise ConnectionError("the server closed the stream")
+    except ConnectionError as e:
+        raise InputTimeoutError("step 3's input was not persisted within 60 s\nsecond line\nthird\nfourth") from e
+
+
+@op
+def breaks():
+    raise RuntimeError("boom")
+
+
+def failed_report(the_op) -> StepReport:
+    @job(name=f"failing_{the_op.name}")
+    def failing():
+        the_op()
+
+    return step_report(3, (0, 10), failing.execute_in_process(raise_on_error=False), 1.0)
+
+
+def test_a_failed_step_line_names_the_projects_error_not_dagsters_wrapper():
+    line = failed_report(times_out).line()
+    assert line == "step 3 FAILED after 1.0 s: step 3's input was not persisted within 60 s\n  second line\n  third", line
+
+
+def test_a_failed_step_line_names_another_error_with_its_type():
+    assert failed_report(breaks).line() == "step 3 FAILED after 1.0 s: RuntimeError: boom"
+
+
+def test_each_step_has_its_own_events_after_a_recovery(tmp_path):
+    log = DivisionLog(str(tmp_path))
+    log.record(0, [Range("t.bids", 0, 0, 60), Range("t.persons", 0, 0, 40)])
+    log.record(1, [Range("t.bids", 0, 60, 100)])  # divided, not run: a later tick runs 1 and 2 together
+    log.record(2, [Range("t.bids", 0, 100, 130), Range("t.persons", 0, 40, 50)])
+    assert [_events(str(tmp_path), s) for s in range(3)] == [(0, 100), (100, 140), (140, 180)]
+
+
+def test_a_failed_demo_stops_without_checking_q4_and_says_where_the_trace_is():
+    steps = [StepReport(0, (0, 10), True, 1.0, checks=2, checks_passed=2), StepReport(1, (10, 20), False, 1.0, error="x")]
+    lines = _demo_summary(DemoResult(steps, Counter(), None, "dead letters (...): 0"), "", "/logs/demo.log")
+    assert "dbsp demo stopped after step 1 failed; its full trace is in the log below" in lines
+    assert not any("q4" in line for line in lines), lines
+    assert "dead letters (...): 0" in lines and lines[-1].endswith("/logs/demo.log")
