@@ -389,7 +389,7 @@ def _one_op_job(name: str, the_op, tags: dict):
 
 PRODUCERS = 4
 """Producers a demo topic's events go out through at once: the bundled broker, which takes
-one record per batch, acknowledges several times the records per second that way."""
+one record per batch, acknowledges more records per second that way (``bench/broker_io.py``)."""
 
 
 def produce_events(source: KafkaSource, records_of, events: int, seed: int) -> int:

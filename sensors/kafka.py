@@ -146,8 +146,8 @@ class KafkaClient:
     def produce_parallel(self, topic: str, values: Sequence[bytes], producers: int) -> int:
         """Sends ``values`` to ``topic`` as :meth:`produce` does, cut in ``producers`` slices
         sent at once, each by a producer (a connection) of its own; records of different
-        slices interleave.  The bundled broker takes several times the records per second
-        from several connections than from one (``bench/broker_io.py``)."""
+        slices interleave.  The bundled broker acknowledges more records per second over
+        several connections than over one (``bench/broker_io.py``)."""
         size = max(-(-len(values) // producers), 1)
         slices = [values[i : i + size] for i in range(0, len(values), size)]
         clients = [self, *(KafkaClient(self.bootstrap_servers, self.config, self.timeout) for _ in slices[1:])]
