@@ -11,6 +11,10 @@ demo producer's partitions and connections give, in one run against one fresh br
   records: the latency of a small step) and a large one (the last ``--large`` records:
   records per second), each with a fresh consumer and a limit of ``--limit`` seconds
   without progress.  A read that makes no progress for that long is reported as starved.
+* ``step``: a demo step of ``--step-events`` Nexmark events produced to the demo's three
+  topics with each of ``--partitions`` partitions, then read one range at a time as a
+  step's Spark tasks read them (a fresh consumer per range; here one after another, in
+  this process): the reader's fixed cost per partition, ``--rounds`` times per count.
 
 Run: ``PYTHONPATH=. python bench/broker_io.py`` (defaults as in ``bench/RESULTS.md``).
 
@@ -22,12 +26,15 @@ the wait at the end of a partition, which a range read never asks for.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import time
 
 from confluent_kafka import Consumer
 
+from circuits.library.nexmark import nexmark_records
 from sensors.broker import LocalBroker, ensure_topics, local_producer_config
-from sensors.decode import KEYED, _read_range
+from sensors.decode import KEYED, READER_CONFIG, _read_range
 from sensors.errors import SourceError
 from sensors.kafka import KafkaClient, consumer_config
 
@@ -48,17 +55,13 @@ def produce_rates(bootstrap: str, records: int, partitions: list[int], producers
 
 def read(bootstrap: str, topic: str, start: int, end: int, wait: int, limit: float) -> str:
     """Seconds to read offsets [start, end) of partition 0, or why it failed."""
-    settings = consumer_config(bootstrap, {"fetch.wait.max.ms": wait})
-    consumer = Consumer(settings)
     try:
         started = time.perf_counter()
-        rows = sum(1 for _ in _read_range(consumer, (topic, 0, start, end), KEYED, limit, settings, {}))
+        rows = _read(bootstrap, (topic, 0, start, end), {"fetch.wait.max.ms": wait}, limit)
         seconds = time.perf_counter() - started
         return f"{seconds:.2f} s ({rows / seconds:,.0f}/s)" if end - start > 10 else f"{seconds:.2f} s"
     except SourceError as error:
         return f"starved: {type(error).__name__}"
-    finally:
-        consumer.close()
 
 
 def read_rates(bootstrap: str, sizes: list[int], waits: list[int], large: int, limit: float, producers: int) -> None:
@@ -75,6 +78,33 @@ def read_rates(bootstrap: str, sizes: list[int], waits: list[int], large: int, l
             print(f"| {size:,} | {wait} | {small} | {large:,}: {big} |", flush=True)
 
 
+def step_reads(bootstrap: str, partitions: list[int], events: int, rounds: int, limit: float) -> None:
+    print("| partitions per topic | ranges | read, median of rounds |\n| --- | --- | --- |")
+    for count in partitions:
+        client = KafkaClient(bootstrap, local_producer_config(), timeout=30)
+        topics = {kind: f"step-{count}-{kind}" for kind in ("persons", "auctions", "bids")}
+        ensure_topics(bootstrap, {t: count for t in topics.values()})
+        for kind, records in nexmark_records(0, events).items():
+            client.produce(topics[kind], [json.dumps(r).encode() for r in records])
+        ranges = [(t, p, low, high) for (t, p), (low, high) in client.offsets(list(topics.values())).items() if high > low]
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for topic, partition, low, high in ranges:
+                _read(bootstrap, (topic, partition, low, high), READER_CONFIG, limit)
+            times.append(time.perf_counter() - started)
+        print(f"| {count} | {len(ranges)} | {statistics.median(times):.2f} s |", flush=True)
+
+
+def _read(bootstrap: str, chunk: tuple[str, int, int, int], config: dict, limit: float) -> int:
+    settings = consumer_config(bootstrap, config)
+    consumer = Consumer(settings)
+    try:
+        return sum(1 for _ in _read_range(consumer, chunk, KEYED, limit, settings, {}))
+    finally:
+        consumer.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=60_000, help="records per produce configuration")
@@ -84,10 +114,17 @@ def main() -> None:
     parser.add_argument("--waits", type=int, nargs="+", default=[10, 500, 5000])
     parser.add_argument("--large", type=int, default=10_000)
     parser.add_argument("--limit", type=float, default=10.0)
+    parser.add_argument("--step-events", type=int, default=1_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", choices=["produce", "read", "step"], help="run one part only")
     args = parser.parse_args()
     with LocalBroker() as broker:
-        produce_rates(broker.bootstrap, args.records, args.partitions, args.producers)
-        read_rates(broker.bootstrap, args.sizes, args.waits, args.large, args.limit, args.producers)
+        if args.only in (None, "produce"):
+            produce_rates(broker.bootstrap, args.records, args.partitions, args.producers)
+        if args.only in (None, "read"):
+            read_rates(broker.bootstrap, args.sizes, args.waits, args.large, args.limit, args.producers)
+        if args.only in (None, "step"):
+            step_reads(broker.bootstrap, args.partitions, args.step_events, args.rounds, args.limit)
 
 
 if __name__ == "__main__":

@@ -58,9 +58,9 @@ PARTIAL_HEADER = "dbsp-partial"
 READER_CONFIG = {"fetch.wait.max.ms": 5000}
 """A reader's consumer settings (the pipeline's client config overrides them).  It reads
 offsets known to exist.  Kafka answers a fetch as soon as ``fetch.min.bytes`` (1) are
-there, so the wait costs nothing on it; the bundled broker (tansu) instead answers empty
-once the wait is over, and its fetch takes longer the larger the partition: 10 ms starved
-at 60,000 records, 500 ms at 500,000 (``bench/broker_io.py``)."""
+there, so the wait costs nothing on it; the bundled broker (tansu) answers with what it
+gathered once the wait is over, and its fetch takes longer the larger the partition: 10 ms
+starved from 60,000 records, 500 ms was 20 times slower at 300,000 (``bench/RESULTS.md``)."""
 
 # One row per consumed record: ``weight`` when the value is valid, else ``reason``.
 _RAW_SCHEMA = T.StructType(
@@ -266,7 +266,7 @@ def undelivered(chunk: tuple[str, int, int, int], position: int, watermarks: tup
         )
     if high < end:
         return OffsetsLostError(
-            f"{where} are above the end offset {high} of the broker at {bootstrap_servers!r}, which the division "
+            f"{where}: the broker at {bootstrap_servers!r} ends at offset {high}, below the end {end} the division "
             "recorded: the topic was recreated or the memory-only embedded broker restarted. Re-run from a checkpoint "
             "whose input is still on the broker, or point the pipeline at a new store root to start over"
         )

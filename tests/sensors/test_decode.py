@@ -102,7 +102,7 @@ def test_offsets_the_broker_no_longer_has_are_an_error_and_leave_the_step_unpers
     ranges = [Range(topic, 0, 1, 5)]
     pipeline.divisions.record(0, ranges)
     source = KafkaSource(broker.bootstrap, {"bids": topic, "auctions": new_topic(1), "persons": new_topic(1)}, read_timeout=1)
-    with pytest.raises(OffsetsLostError, match=rf"topic '{topic}' partition 0: offsets 3 to 4 are above the end offset 3 "):
+    with pytest.raises(OffsetsLostError, match=rf"topic '{topic}' partition 0: offsets 3 to 4: the broker at '{broker.bootstrap}' ends at offset 3, below the end 5 the division recorded"):
         ingest(pipeline, source, 0)
     assert not pipeline.inputs.persisted(0)
     tables = [open_table(pipeline.inputs.uri(h)) for h in pipeline.circuit.inputs]
@@ -165,7 +165,7 @@ def test_an_undelivered_range_is_reported_by_what_the_broker_says_after():
         "below the log start": (undelivered(chunk, 150, (170, 300), 2, "h:1"), OffsetsLostError,
                                 "topic 't' partition 1: offsets 150 to 199 are below the log start 170 of the broker at 'h:1': they were deleted"),
         "above the end": (undelivered(chunk, 150, (0, 160), 2, "h:1"), OffsetsLostError,
-                          "topic 't' partition 1: offsets 150 to 199 are above the end offset 160 of the broker at 'h:1'"),
+                          "topic 't' partition 1: offsets 150 to 199: the broker at 'h:1' ends at offset 160, below the end 200"),
         "held, not delivered": (undelivered(chunk, 150, (0, 300), 2, "h:1"), BrokerStalledError,
                                 "topic 't' partition 1: offsets 150 to 199: the broker at 'h:1' answered (it holds offsets 0 to 299) "
                                 "but delivered nothing for 2 s after 50 of the range's 100 records"),
