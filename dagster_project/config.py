@@ -81,7 +81,7 @@ class PipelineSpec(BaseModel):
         "to keep only the change log",
         min_length=1,
     )
-    topic_partitions: int = Field(2, gt=0, description="partitions of the topics the embedded broker creates")
+    topic_partitions: int = Field(4, gt=0, description="partitions of the topics the embedded broker creates")
     workers: int = Field(2, gt=0, description="workers (Spark tasks) the state's vnodes are spread over")
     max_records_per_step: int = Field(10_000, gt=0, description="a step holds at most this many input records")
     max_wait_seconds: float = Field(

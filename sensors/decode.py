@@ -41,8 +41,8 @@ from circuits.spark import map_in_arrow
 from circuits.zset import WEIGHT, parse_schema
 from storage.logs import DEAD_LETTER_SCHEMA, Range
 
-from .errors import OffsetsLostError, SourceError, UnsupportedSchemaError
-from .kafka import consumer_config, error_text
+from .errors import BrokerStalledError, BrokerUnavailableError, OffsetsLostError, SourceError, UnsupportedSchemaError
+from .kafka import consumer_config, error_text, unreachable
 
 CHUNK = 50_000
 """Most offsets one Spark task reads, so that a large step's read runs as several tasks."""
@@ -55,10 +55,12 @@ RANGE_HEADER = "dbsp-bytes"
 PARTIAL_HEADER = "dbsp-partial"
 """The header of a gateway message holding a piece of a record longer than a buffer."""
 
-READER_CONFIG = {"fetch.wait.max.ms": 10}
+READER_CONFIG = {"fetch.wait.max.ms": 5000}
 """A reader's consumer settings (the pipeline's client config overrides them).  It reads
-offsets known to exist: a fetch held open for more (librdkafka waits 500 ms by default)
-only delays the next range."""
+offsets known to exist.  Kafka answers a fetch as soon as ``fetch.min.bytes`` (1) are
+there, so the wait costs nothing on it; the bundled broker (tansu) answers with what it
+gathered once the wait is over, and its fetch takes longer the larger the partition: 10 ms
+starved from 60,000 records, 500 ms was 20 times slower at 300,000 (``bench/RESULTS.md``)."""
 
 # One row per consumed record: ``weight`` when the value is valid, else ``reason``.
 _RAW_SCHEMA = T.StructType(
@@ -208,10 +210,10 @@ def _records(topic: str, partition: int, message: Message, fields: Fields, seen:
 
 
 def _read_range(consumer: Consumer, chunk: tuple[str, int, int, int], fields: Fields, timeout: float,
-                bootstrap_servers: str, seen: dict[tuple[str, str], int]) -> Iterator[dict]:
-    """The rows of offsets [start, end) of one partition; raises :class:`OffsetsLostError`
-    (failing the Spark task, hence the step) if the broker delivers nothing new for
-    ``timeout`` seconds."""
+                settings: dict, seen: dict[tuple[str, str], int]) -> Iterator[dict]:
+    """The rows of offsets [start, end) of one partition, read by ``consumer`` (made with
+    ``settings``); fails the Spark task (hence the step) once the broker delivers nothing
+    new for ``timeout`` seconds, with the error :func:`undelivered` finds."""
     topic, partition, start, end = chunk
     position = start
     # A consumer learns of a topic it was not assigned before only at its next periodic
@@ -230,33 +232,72 @@ def _read_range(consumer: Consumer, chunk: tuple[str, int, int, int], fields: Fi
         # Transaction markers take offsets but are never delivered; the consumer's position skips them.
         position = max(position, consumer.position([TopicPartition(topic, partition)])[0].offset)
         if position == before:
-            raise OffsetsLostError(
-                f"topic {topic!r} partition {partition}: offsets {position} to {end - 1} were not delivered within "
-                f"{timeout:g} s from {bootstrap_servers!r}: they no longer exist on the broker (retention, or the "
-                "memory-only local broker restarted) or the broker is unreachable. Re-run from a checkpoint whose "
-                "input is still on the broker, or check bootstrap.servers"
-            )
+            watermarks = _watermarks(settings, topic, partition, timeout)
+            raise undelivered(chunk, position, watermarks, timeout, settings["bootstrap.servers"])
+
+
+def _watermarks(settings: dict, topic: str, partition: int, timeout: float) -> tuple[int, int] | str:
+    """The partition's (log start, end offset) as the broker says now, or why it did not
+    answer; asked over a connection of its own, since the reader's may be held by a fetch."""
+    consumer = Consumer(settings)
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout, cached=False)
+    except KafkaException as error:
+        return error_text(error)
+    finally:
+        consumer.close()
+
+
+def undelivered(chunk: tuple[str, int, int, int], position: int, watermarks: tuple[int, int] | str, timeout: float,
+                bootstrap_servers: str) -> SourceError:
+    """The error for a read of ``chunk`` that stopped at ``position`` for ``timeout`` seconds,
+    by what the broker said of the partition after: nothing (``watermarks`` is the failure's
+    text), a log start above the offsets (the only case where they are gone for good), an
+    end below them, or offsets it holds but did not deliver."""
+    topic, partition, start, end = chunk
+    where = f"topic {topic!r} partition {partition}: offsets {position} to {end - 1}"
+    if isinstance(watermarks, str):
+        return unreachable(bootstrap_servers, timeout, f"{where} not delivered: {watermarks}")
+    low, high = watermarks
+    if position < low:
+        return OffsetsLostError(
+            f"{where} are below the log start {low} of the broker at {bootstrap_servers!r}: they were deleted "
+            "(retention) before the step read them and cannot be recovered; raise the topic's retention or run steps sooner"
+        )
+    if high < end:
+        return OffsetsLostError(
+            f"{where}: the broker at {bootstrap_servers!r} ends at offset {high}, below the end {end} the division "
+            "recorded: the topic was recreated or the memory-only embedded broker restarted. Re-run from a checkpoint "
+            "whose input is still on the broker, or point the pipeline at a new store root to start over"
+        )
+    return BrokerStalledError(
+        f"{where}: the broker at {bootstrap_servers!r} answered (it holds offsets {low} to {high - 1}) but delivered "
+        f"nothing for {timeout:g} s after {position - start} of the range's {end - start} records; it is overloaded, "
+        "or its fetches need longer: raise fetch.wait.max.ms in the Kafka client config (a broker's fetch that "
+        "outlasts it comes back empty on the bundled one)"
+    )
 
 
 def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, Fields], timeout: float,
                 chunks: list[tuple[str, int, int, int]], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` body, run on an executor: one batch of rows per chunk number it is given."""
-    consumer = Consumer(consumer_config(bootstrap_servers, {**READER_CONFIG, **(config or {})}))
+    settings = consumer_config(bootstrap_servers, {**READER_CONFIG, **(config or {})})
+    consumer = Consumer(settings)
     seen: dict[tuple[str, str], int] = {}
     try:
         for batch in batches:
             for i in batch.column("id").to_pylist():
                 chunk = chunks[i]
-                rows = list(_read_range(consumer, chunk, fields[chunk[0]], timeout, bootstrap_servers, seen))
+                rows = list(_read_range(consumer, chunk, fields[chunk[0]], timeout, settings, seen))
                 yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
     finally:
         consumer.close()
 
 
-def offsets_lost(error: BaseException) -> OffsetsLostError | None:
-    """The :class:`OffsetsLostError` a read task raised, recovered from the Spark error
+def read_failed(error: BaseException) -> SourceError | None:
+    """The error a read task raised (:func:`undelivered`'s), recovered from the Spark error
     that failed the job (Spark passes an executor's Python error on as text), or None."""
-    return raised_on_executor(error, OffsetsLostError)
+    return raised_on_executor(error, OffsetsLostError, BrokerStalledError, BrokerUnavailableError)
 
 
 def _check_config(bootstrap_servers: str, config: dict | None) -> None:
@@ -277,7 +318,7 @@ class Decoded:
     """One read of offset ranges, planned but not run: each topic's valid records as a
     Z-set and the invalid ones as dead letters.  They derive from one cached read of the
     broker, which the first Spark job over them makes; that job fails, with an error
-    :func:`offsets_lost` recognizes, when the broker did not deliver every offset."""
+    :func:`read_failed` recognizes, when the broker did not deliver every offset."""
 
     inputs: dict[str, DataFrame]
     dead_letters: DataFrame
@@ -310,9 +351,9 @@ def read_ranges(
     records with its schema in ``schemas`` (topic: columns without the weight).  No Spark
     job runs here: the first job over the result reads the broker.
 
-    A job over the result fails when the broker does not deliver offsets of a range for
-    ``timeout`` seconds (gone by retention, or the embedded broker restarted): see
-    :func:`offsets_lost`.
+    A job over the result fails when the broker delivers nothing new of a range for
+    ``timeout`` seconds (a limit on no progress: a large range takes as long as it needs):
+    see :func:`read_failed`.
     """
     fields = {topic: fields_of(schema) for topic, schema in schemas.items()}
     unknown = sorted({r.source for r in ranges} - set(fields))

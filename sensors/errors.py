@@ -11,13 +11,17 @@ class BrokerUnavailableError(SourceError):
     """No broker at the configured bootstrap servers answered in time."""
 
 
+class BrokerStalledError(SourceError):
+    """A broker answered but stopped acknowledging or delivering records."""
+
+
 class TopicNotFoundError(SourceError):
     """A topic the pipeline reads does not exist on the broker."""
 
 
 class OffsetsLostError(SourceError):
-    """Offsets a step needs are no longer on the broker (retention, or the memory-only
-    embedded broker restarted), or the broker did not deliver them in time."""
+    """Offsets a step needs are no longer on the broker: below its log start (retention),
+    or above its end (the topic was recreated, or the memory-only embedded broker restarted)."""
 
 
 class UnsupportedSchemaError(SourceError):

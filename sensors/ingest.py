@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from storage.errors import StepOrderError, StorageError
 from storage.pipeline import Pipeline
 
-from .decode import offsets_lost, read_ranges
+from .decode import read_failed, read_ranges
 from .kafka import KafkaClient
 
 
@@ -21,7 +21,7 @@ class KafkaSource:
     topics: dict[str, str]
     config: dict[str, str] = field(default_factory=dict)
     read_timeout: float = 30.0
-    """Seconds to wait for a recorded offset before the step's read fails as lost."""
+    """Seconds without a new record before the step's read fails (a limit on no progress)."""
 
     def client(self) -> KafkaClient:
         return KafkaClient(self.bootstrap_servers, self.config)
@@ -43,7 +43,7 @@ def ingest(pipeline: Pipeline, source: KafkaSource, step: int) -> None:
         pipeline.inputs.persist(step, inputs, decoded.dead_letters if read else None)
     except StorageError as e:
         # The job failed before anything was committed: the step stays unpersisted.
-        raise offsets_lost(e) or e
+        raise read_failed(e) or e
     finally:
         decoded.unpersist()
 

@@ -7,13 +7,15 @@ Every call has a timeout, and confluent_kafka's ``KafkaException`` is translated
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from .errors import BrokerUnavailableError, SourceError, TopicNotFoundError
+from .errors import BrokerStalledError, BrokerUnavailableError, SourceError, TopicNotFoundError
 
 
 def client_config(bootstrap_servers: str, config: dict | None = None) -> dict:
@@ -127,31 +129,72 @@ class KafkaClient:
         among ``timestamps``, milliseconds since the epoch, when given) and waits until the
         broker acknowledged every one; returns how many were sent."""
         self.partitions([topic])  # producing to a missing topic would make tansu create it
-        failures: list[KafkaError] = []
-
-        def delivered(error: KafkaError | None, _message) -> None:
-            if error is not None:
-                failures.append(error)
-
+        acks = _Acks()
         target = {} if partition is None else {"partition": partition}
-        count = 0
+        sent = 0
         none = itertools.repeat(None)
         columns = (none if keys is None else keys, none if headers is None else headers, none if timestamps is None else timestamps)
         for value, key, header, timestamp in zip(values, *columns):
             extra = {name: v for name, v in (("key", key), ("headers", header), ("timestamp", timestamp)) if v is not None}
-            self._send(topic, value, delivered, {**target, **extra})
-            count += 1
-        left = self._producer.flush(self.timeout)
-        if failures:
-            raise SourceError(f"{len(failures)} of {count} records to topic {topic!r} were refused: {failures[0].str()}")
-        if left:
-            raise unreachable(self.bootstrap_servers, self.timeout, f"{left} of {count} records to topic {topic!r} not acknowledged")
-        return count
+            self._send(topic, value, acks, {**target, **extra}, sent)
+            sent += 1
+        self._await(acks, topic, sent, lambda: len(self._producer) == 0)
+        if acks.failures:
+            raise SourceError(f"{len(acks.failures)} of {sent} records to topic {topic!r} were refused: {acks.failures[0].str()}")
+        return sent
 
-    def _send(self, topic: str, value: bytes, delivered: Callable, target: dict) -> None:
-        try:
-            self._producer.produce(topic, value=value, on_delivery=delivered, **target)
-        except BufferError:
-            # The local queue is full: wait for acknowledgements to make room, then send.
-            self._producer.flush(self.timeout)
-            self._producer.produce(topic, value=value, on_delivery=delivered, **target)
+    def produce_parallel(self, topic: str, values: Sequence[bytes], producers: int) -> int:
+        """Sends ``values`` to ``topic`` as :meth:`produce` does, cut in ``producers`` slices
+        sent at once, each by a producer (a connection) of its own; records of different
+        slices interleave.  The bundled broker acknowledges more records per second over
+        several connections than over one (``bench/broker_io.py``)."""
+        size = max(-(-len(values) // producers), 1)
+        slices = [values[i : i + size] for i in range(0, len(values), size)]
+        clients = [self, *(KafkaClient(self.bootstrap_servers, self.config, self.timeout) for _ in slices[1:])]
+        with ThreadPoolExecutor(max(len(slices), 1)) as pool:
+            return sum(pool.map(lambda client, part: client.produce(topic, part), clients, slices))
+
+    def _send(self, topic: str, value: bytes, acks: _Acks, target: dict, sent: int) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, value=value, on_delivery=acks, **target)
+                return
+            except BufferError:
+                # The local queue is full: wait for an acknowledgement to make room.
+                waiting = len(self._producer)
+                self._await(acks, topic, sent, lambda: len(self._producer) < waiting)
+
+    def _await(self, acks: _Acks, topic: str, sent: int, settled: Callable[[], bool]) -> None:
+        """Serves acknowledgements until ``settled()``; fails once none came for ``self.timeout``
+        seconds: a limit on no progress, never on the whole batch (a slow broker acknowledging
+        steadily takes as long as it needs)."""
+        entered = time.monotonic()
+        while not settled():
+            self._producer.poll(0.1)
+            if time.monotonic() - max(acks.last, entered) > self.timeout:
+                raise self._stalled(acks, topic, sent)
+
+    def _stalled(self, acks: _Acks, topic: str, sent: int) -> SourceError:
+        if not acks.acked and not acks.failures:
+            return unreachable(self.bootstrap_servers, self.timeout, f"none of {sent} records to topic {topic!r} acknowledged")
+        return BrokerStalledError(
+            f"the broker at {self.bootstrap_servers!r} acknowledged {acks.acked} of {sent} records to topic {topic!r} "
+            f"in {acks.last - acks.started:.1f} s, then nothing for {self.timeout:g} s: check that it still runs "
+            "(bootstrap.servers) and its log"
+        )
+
+
+class _Acks:
+    """The broker's answers to one :meth:`KafkaClient.produce`, counted as they are served."""
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.failures: list[KafkaError] = []
+        self.started = self.last = time.monotonic()
+
+    def __call__(self, error: KafkaError | None, _message) -> None:
+        self.last = time.monotonic()
+        if error is None:
+            self.acked += 1
+        else:
+            self.failures.append(error)

@@ -10,8 +10,8 @@ from circuits.library.nexmark import SCHEMAS
 from circuits.zset import parse_schema, with_weight_schema
 from sensors.broker import LocalBroker, ensure_topics, local_producer_config
 from circuits.library.nexmark_queries import revenue_circuit
-from sensors.decode import read_ranges
-from sensors.errors import OffsetsLostError, SourceError
+from sensors.decode import read_failed, read_ranges, undelivered
+from sensors.errors import BrokerStalledError, BrokerUnavailableError, OffsetsLostError, SourceError
 from sensors.ingest import KafkaSource, ingest
 from sensors.kafka import KafkaClient
 from storage.delta import open_table
@@ -102,7 +102,7 @@ def test_offsets_the_broker_no_longer_has_are_an_error_and_leave_the_step_unpers
     ranges = [Range(topic, 0, 1, 5)]
     pipeline.divisions.record(0, ranges)
     source = KafkaSource(broker.bootstrap, {"bids": topic, "auctions": new_topic(1), "persons": new_topic(1)}, read_timeout=1)
-    with pytest.raises(OffsetsLostError, match=rf"topic '{topic}' partition 0: offsets 3 to 4 were not delivered within 1 s"):
+    with pytest.raises(OffsetsLostError, match=rf"topic '{topic}' partition 0: offsets 3 to 4: the broker at '{broker.bootstrap}' ends at offset 3, below the end 5 the division recorded"):
         ingest(pipeline, source, 0)
     assert not pipeline.inputs.persisted(0)
     tables = [open_table(pipeline.inputs.uri(h)) for h in pipeline.circuit.inputs]
@@ -113,6 +113,67 @@ def test_offsets_the_broker_no_longer_has_are_an_error_and_leave_the_step_unpers
     assert pipeline.inputs.persisted(0)
     persisted = pipeline.inputs.read(0)
     assert persisted.deltas["bids"].select("auction").count() == 4
+
+
+LARGE = 60_000
+"""Records of a partition the bundled broker's fetches take long over (measured: a
+``fetch.wait.max.ms`` of 10 ms starves there)."""
+
+
+@pytest.fixture(scope="module")
+def large_partition(broker) -> str:
+    """A topic of one partition holding ``bid(i)`` for each ``i < LARGE``, once each."""
+    topic = "large-partition"
+    ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
+    KafkaClient(broker.bootstrap, local_producer_config(), timeout=10).produce_parallel(topic, [bid(i) for i in range(LARGE)], 4)
+    return topic
+
+
+def test_a_step_of_10000_records_is_read_from_a_large_partition_within_seconds(spark, broker, large_partition):
+    # A demo step of 20,000 events holds about 10,000 bids per topic partition.
+    ranges = [Range(large_partition, 0, LARGE - 10_000, LARGE)]
+    decoded = read_ranges(spark, broker.bootstrap, None, ranges, {large_partition: BIDS}, timeout=5)
+    try:
+        auctions = decoded.inputs[large_partition].agg(F.count("*"), F.count_distinct("auction")).first()
+        assert tuple(auctions) == (10_000, 10_000)
+        assert decoded.dead_letters.count() == 0
+    finally:
+        decoded.unpersist()
+
+
+def test_a_broker_that_answers_but_does_not_deliver_is_reported_as_such(spark, broker, large_partition):
+    starving = {"fetch.wait.max.ms": "10"}  # the bundled broker's fetch over this partition outlasts it
+    ranges = [Range(large_partition, 0, LARGE - 10_000, LARGE)]
+    decoded = read_ranges(spark, broker.bootstrap, starving, ranges, {large_partition: BIDS}, timeout=2)
+    try:
+        with pytest.raises(Exception) as failed:
+            decoded.inputs[large_partition].count()
+    finally:
+        decoded.unpersist()
+    error = read_failed(failed.value)
+    assert isinstance(error, BrokerStalledError), failed.value
+    assert f"offsets {LARGE - 10_000} to {LARGE - 1}: the broker at '{broker.bootstrap}' answered (it holds offsets 0 to {LARGE - 1}) " \
+        "but delivered nothing for 2 s after 0 of the range's 10000 records" in str(error)
+    assert "raise fetch.wait.max.ms" in str(error)
+
+
+def test_an_undelivered_range_is_reported_by_what_the_broker_says_after():
+    chunk = ("t", 1, 100, 200)
+    seen = {
+        "no answer": (undelivered(chunk, 150, "Local: Timed out", 2, "h:1"), BrokerUnavailableError,
+                      "no Kafka broker at bootstrap servers 'h:1' answered within 2 s (topic 't' partition 1: offsets 150 to 199 not delivered: Local: Timed out)"),
+        "below the log start": (undelivered(chunk, 150, (170, 300), 2, "h:1"), OffsetsLostError,
+                                "topic 't' partition 1: offsets 150 to 199 are below the log start 170 of the broker at 'h:1': they were deleted"),
+        "above the end": (undelivered(chunk, 150, (0, 160), 2, "h:1"), OffsetsLostError,
+                          "topic 't' partition 1: offsets 150 to 199: the broker at 'h:1' ends at offset 160, below the end 200"),
+        "held, not delivered": (undelivered(chunk, 150, (0, 300), 2, "h:1"), BrokerStalledError,
+                                "topic 't' partition 1: offsets 150 to 199: the broker at 'h:1' answered (it holds offsets 0 to 299) "
+                                "but delivered nothing for 2 s after 50 of the range's 100 records"),
+    }
+    for case, (error, kind, text) in seen.items():
+        assert type(error) is kind and str(error).startswith(text), case
+    # Only offsets below the log start are gone for good.
+    assert [case for case, (error, _, _) in seen.items() if "cannot be recovered" in str(error)] == ["below the log start"]
 
 
 def test_a_topic_without_a_schema_or_a_bad_config_is_refused_before_reading(spark, broker):

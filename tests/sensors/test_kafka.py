@@ -1,5 +1,9 @@
 """KafkaClient and the local broker, against a real (tansu) broker."""
 
+import os
+import re
+import signal
+import threading
 import time
 
 import pytest
@@ -8,9 +12,10 @@ from sensors.broker import (
     LocalBroker,
     ensure_local_broker,
     ensure_topics,
+    local_producer_config,
     stop_local_broker,
 )
-from sensors.errors import BrokerUnavailableError, SourceError, TopicNotFoundError
+from sensors.errors import BrokerStalledError, BrokerUnavailableError, SourceError, TopicNotFoundError
 from sensors.kafka import KafkaClient
 
 
@@ -25,6 +30,42 @@ def test_produce_without_a_partition_spreads_records(client, new_topic):
     topic = new_topic(2)
     client.produce(topic, [b"%d" % i for i in range(20)])
     assert sum(high for _low, high in client.offsets([topic]).values()) == 20
+
+
+def test_a_produce_outlasting_the_timeout_succeeds_while_acknowledgements_progress(broker, new_topic):
+    topic = new_topic(2)
+    client = KafkaClient(broker.bootstrap, local_producer_config(), timeout=1)
+    records = 40_000  # 2-6 s at the bundled broker's one record per batch: longer than the limit, which bounds a pause
+    assert client.produce(topic, (b"%d" % i for i in range(records))) == records
+    assert sum(high for _low, high in client.offsets([topic]).values()) == records
+
+
+def test_parallel_producers_send_every_record_once(client, new_topic):
+    topic = new_topic(3)
+    values = [b"%d" % i for i in range(1_001)]
+    assert client.produce_parallel(topic, values, 4) == 1_001
+    assert sum(high for _low, high in client.offsets([topic]).values()) == 1_001
+
+
+def test_a_produce_that_stops_progressing_reports_what_was_acknowledged():
+    with LocalBroker() as local:
+        ensure_topics(local.bootstrap, {"t": 1}, timeout=5)
+        client = KafkaClient(local.bootstrap, local_producer_config(), timeout=2)
+        watcher = KafkaClient(local.bootstrap, timeout=5)
+
+        def freeze_once_acknowledging() -> None:
+            while watcher.offsets(["t"])[("t", 0)][1] == 0:
+                time.sleep(0.01)
+            os.kill(local._process.pid, signal.SIGSTOP)  # a broker that hangs mid-produce
+
+        threading.Thread(target=freeze_once_acknowledging).start()
+        try:
+            with pytest.raises(BrokerStalledError) as stalled:
+                client.produce("t", [b"x"] * 50_000)
+        finally:
+            os.kill(local._process.pid, signal.SIGCONT)
+    match = re.search(r"acknowledged (\d+) of 50000 records to topic 't' in [\d.]+ s, then nothing for 2 s", str(stalled.value))
+    assert match and 0 < int(match[1]) < 50_000, str(stalled.value)
 
 
 def test_a_missing_topic_is_named_and_not_created(client, new_topic):
