@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import strategies as st
 
-from circuits.sql import compile_sql, parse_views
+from circuits.sql import SqlError, compile_sql, parse_views
 
 from ..oracle import zset
 from .harness import at_every_worker_count, insert_delete_steps, run_and_compare
@@ -96,3 +97,21 @@ def test_sql_views_equal_spark_batch_sql(spark, workers, steps):
         return {name: ("integral", z) for name, z in spark_batch(spark, views, integrated).items()}
 
     run_and_compare(spark, circuit, steps, workers, expected)
+
+
+@pytest.mark.parametrize(
+    "query, cause",
+    [
+        ("SELECT nope FROM a", "nope"),
+        ("SELECT k FROM missing", "missing"),
+        ("SELECT array(k) + 1 AS wrong FROM a", "DATATYPE_MISMATCH"),
+        ("SELECT k, stddev(v) AS sd FROM a GROUP BY k", "stddev"),
+        ("SELECT k, v FROM a WHERE k = 1 OR v IN (SELECT x FROM b)", "subquery is supported only as a conjunct"),
+    ],
+)
+def test_load_errors_name_the_file_line_view_and_cause(spark, query, cause):
+    text = f"CREATE MATERIALIZED VIEW fine AS SELECT k FROM a;\n\nCREATE MATERIALIZED VIEW bad AS\n  {query};"
+    with pytest.raises(SqlError) as raised:
+        compile_sql(text, SCHEMAS, spark, file="views.sql")
+    message = str(raised.value)
+    assert message.startswith("views.sql:3, view 'bad': ") and cause.lower() in message.lower()
