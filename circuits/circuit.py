@@ -267,9 +267,27 @@ class Stream:
     def left_join(self, other: "Stream", on: str | Sequence[str]) -> "Stream":
         return self.join(other, on, how="left")
 
+    def keyed_join(self, other: "Stream", on: Sequence[str], how: str, condition: str | None = None) -> "Stream":
+        """A join of any of Spark's types (inner, left, right, full, left_semi, left_anti) on
+        the columns ``on`` (both sides name them alike) and the Spark SQL ``condition``; see
+        :class:`circuits.operators.KeyedJoin`."""
+        if not on:
+            raise CircuitDefinitionError("keyed_join() needs at least one key column in on=")
+        return self._then(ops.KeyedJoin(tuple(on), how, condition), other)
+
+    def set_operation(self, other: "Stream", kind: str) -> "Stream":
+        """SQL's ``EXCEPT [ALL]`` and ``INTERSECT [ALL]`` (``kind``: ``except``,
+        ``except_all``, ``intersect``, ``intersect_all``); both sides name their columns alike."""
+        return self._then(ops.SetOperation(kind), other)
+
     # non-linear
     def distinct(self) -> "Stream":
         return self._then(ops.Distinct())
+
+    def default_row(self, *zeros: str) -> "Stream":
+        """This stream while its integral has rows, else one row of nulls (0 in ``zeros``):
+        a global aggregate from an aggregate grouped by a constant."""
+        return self._then(ops.DefaultRow(zeros))
 
     def group_by(self, *keys: str) -> "GroupedStream":
         if not keys:

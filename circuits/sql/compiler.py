@@ -177,7 +177,7 @@ class _Compiler:
             stream = stream.distinct() if distinct else stream
         else:
             kind = f"{node.key}{'' if distinct else '_all'}"
-            stream = self.circuit._add(ops.SetOperation(kind), (left_stream, right_stream))  # noqa: SLF001
+            stream = left_stream.set_operation(right_stream, kind)
         return Rel(stream, [Col(None, c.name, c.internal) for c in left.cols], common)
 
     def select(self, node: exp.Select, outer: _Scope | None) -> Rel:
@@ -300,7 +300,7 @@ class _Compiler:
             joined = left_stream.join(right_stream, keys)
             joined = joined.filter(F.expr(residual)) if residual else joined
         else:
-            joined = self.circuit._add(ops.KeyedJoin(tuple(keys), how, residual), (left_stream, right_stream))  # noqa: SLF001
+            joined = left_stream.keyed_join(right_stream, keys, how, residual)
         return Rel(joined.select(*[c.internal for c in cols]), cols, {**left.types, **right.types})
 
     # WHERE and subqueries
@@ -383,7 +383,7 @@ class _Compiler:
         types.update({out: _aggregate_type(a, types) for out, a in aggs.items()})
         if not keys:
             zeros = tuple(out for out, a in aggs.items() if a.kind in ("count", "count_distinct"))
-            grouped = self.circuit._add(ops.DefaultRow(zeros), (grouped.select(*aggs),))  # noqa: SLF001
+            grouped = grouped.select(*aggs).default_row(*zeros)
         replacements = {**dict(zip(keys, key_cols)), **{text: out for text, (out, _) in calls.items()}}
 
         def rewrite(e: exp.Expression) -> str:

@@ -88,10 +88,15 @@ def spark_batch(spark, views, integrated) -> dict[str, Counter]:
     return results
 
 
+@pytest.fixture(scope="module")
+def circuit(spark):
+    """Compiled once: every example runs it on a new state."""
+    return compile_sql(VIEWS, SCHEMAS, spark)
+
+
 @at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
-def test_sql_views_equal_spark_batch_sql(spark, workers, steps):
+def test_sql_views_equal_spark_batch_sql(spark, circuit, workers, steps):
     views = parse_views(VIEWS)
-    circuit = compile_sql(VIEWS, SCHEMAS, spark)
 
     def expected(t, deltas, integrated):
         return {name: ("integral", z) for name, z in spark_batch(spark, views, integrated).items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from circuits import InMemoryStateStore, StepRunner, from_rows
 from circuits.library import nexmark_circuit
 from circuits.library.nexmark_queries import nexmark_sql_circuit
@@ -11,6 +13,11 @@ from .harness import at_every_worker_count, insert_delete_steps
 from .test_views import nexmark_rows
 
 
+@pytest.fixture(scope="module")
+def compiled(spark):
+    return nexmark_sql_circuit(spark)
+
+
 @at_every_worker_count(
     insert_delete_steps(
         {"persons": nexmark_rows("persons"), "auctions": nexmark_rows("auctions"), "bids": nexmark_rows("bids")},
@@ -18,8 +25,8 @@ from .test_views import nexmark_rows
     ),
     max_examples=2,
 )
-def test_sql_demo_equals_hand_built_circuits(spark, workers, steps):
-    hand_built, compiled = nexmark_circuit(), nexmark_sql_circuit(spark)
+def test_sql_demo_equals_hand_built_circuits(spark, compiled, workers, steps):
+    hand_built = nexmark_circuit()
     assert set(compiled.outputs) == set(hand_built.outputs)
     runners = [StepRunner(c, spark, InMemoryStateStore(), workers=workers) for c in (hand_built, compiled)]
     for t, step in enumerate(steps):
