@@ -69,6 +69,9 @@ class Circuit:
         self.nodes: list[Node] = []
         self.inputs: dict[str, T.StructType] = {}
         self.outputs: dict[str, int] = {}
+        self.declaring: str | None = None
+        """Where nodes added now are declared, when not in Python (a SQL view's file and
+        line); else the caller's file and line."""
 
     def input(self, name: str, schema: T.StructType | str) -> "Stream":
         """An input handle whose deltas have ``schema`` (a StructType or DDL string) plus a weight."""
@@ -96,7 +99,7 @@ class Circuit:
     def _add(self, operator: ops.Operator, inputs: Sequence["Stream"]) -> "Stream":
         for s in inputs:
             self._own(s)
-        node = Node(len(self.nodes), operator, tuple(s.node for s in inputs), _call_site())
+        node = Node(len(self.nodes), operator, tuple(s.node for s in inputs), self.declaring or _call_site())
         self.nodes.append(node)
         return Stream(self, node.id)
 

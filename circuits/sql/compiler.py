@@ -13,7 +13,6 @@ and types.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import reduce
 from typing import Mapping
 
 from pyspark.errors import AnalysisException
@@ -79,11 +78,15 @@ def compile_sql(
 ) -> Circuit:
     """The circuit of a file of views (see :mod:`circuits.sql.parse`): one input per table
     the views read (``schemas``: table name -> schema), one output per materialized view.
-    Raises :class:`SqlError` naming the file, line and view of anything that does not load."""
+    Raises :class:`SqlError` naming the file, line and view of anything that does not load.
+    Spark's analysis leaves the inputs (empty) and the views as temporary views of the
+    ``spark`` session: compile in the session that runs the steps, not one whose temporary
+    views of those names hold data."""
     views = parse_views(text, file)
     compiler = _Compiler(Circuit(name), {k.lower(): parse_schema(v) for k, v in schemas.items()}, spark)
     for view in views:
         compiler.view(view)
+    compiler.circuit.declaring = None
     if not compiler.circuit.outputs:
         raise SqlError(f"{file}: no CREATE MATERIALIZED VIEW; a views file needs at least one")
     return compiler.circuit
@@ -106,6 +109,7 @@ class _Compiler:
 
     # views
     def view(self, view: View) -> None:
+        self.circuit.declaring = f"{view.file}:{view.line} (view {view.name})"
         try:
             output = self._analyse(view)
             rel = self.query(view.query, None)

@@ -28,6 +28,8 @@ def compiled(spark):
 def test_sql_demo_equals_hand_built_circuits(spark, compiled, workers, steps):
     hand_built = nexmark_circuit()
     assert set(compiled.outputs) == set(hand_built.outputs)
+    # An error while planning names the SQL view (file and line) that declared the operator.
+    assert compiled.nodes[-1].site.endswith("nexmark.sql:27 (view q15)")
     runners = [StepRunner(c, spark, InMemoryStateStore(), workers=workers) for c in (hand_built, compiled)]
     for t, step in enumerate(steps):
         inputs = {name: from_rows(spark, rows, hand_built.inputs[name]) for name, rows in step.items() if rows}
