@@ -69,6 +69,9 @@ class Circuit:
         self.nodes: list[Node] = []
         self.inputs: dict[str, T.StructType] = {}
         self.outputs: dict[str, int] = {}
+        self.declaring: str | None = None
+        """Where nodes added now are declared, when not in Python (a SQL view's file and
+        line); else the caller's file and line."""
 
     def input(self, name: str, schema: T.StructType | str) -> "Stream":
         """An input handle whose deltas have ``schema`` (a StructType or DDL string) plus a weight."""
@@ -96,7 +99,7 @@ class Circuit:
     def _add(self, operator: ops.Operator, inputs: Sequence["Stream"]) -> "Stream":
         for s in inputs:
             self._own(s)
-        node = Node(len(self.nodes), operator, tuple(s.node for s in inputs), _call_site())
+        node = Node(len(self.nodes), operator, tuple(s.node for s in inputs), self.declaring or _call_site())
         self.nodes.append(node)
         return Stream(self, node.id)
 
@@ -267,9 +270,27 @@ class Stream:
     def left_join(self, other: "Stream", on: str | Sequence[str]) -> "Stream":
         return self.join(other, on, how="left")
 
+    def keyed_join(self, other: "Stream", on: Sequence[str], how: str, condition: str | None = None) -> "Stream":
+        """A join of any of Spark's types (inner, left, right, full, left_semi, left_anti) on
+        the columns ``on`` (both sides name them alike) and the Spark SQL ``condition``; see
+        :class:`circuits.operators.KeyedJoin`."""
+        if not on:
+            raise CircuitDefinitionError("keyed_join() needs at least one key column in on=")
+        return self._then(ops.KeyedJoin(tuple(on), how, condition), other)
+
+    def set_operation(self, other: "Stream", kind: str) -> "Stream":
+        """SQL's ``EXCEPT [ALL]`` and ``INTERSECT [ALL]`` (``kind``: ``except``,
+        ``except_all``, ``intersect``, ``intersect_all``); both sides name their columns alike."""
+        return self._then(ops.SetOperation(kind), other)
+
     # non-linear
     def distinct(self) -> "Stream":
         return self._then(ops.Distinct())
+
+    def default_row(self, *zeros: str) -> "Stream":
+        """This stream while its integral has rows, else one row of nulls (0 in ``zeros``):
+        a global aggregate from an aggregate grouped by a constant."""
+        return self._then(ops.DefaultRow(zeros))
 
     def group_by(self, *keys: str) -> "GroupedStream":
         if not keys:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from .. import agg
 from ..circuit import Circuit, Stream
+from ..sql import compile_sql
 from .nexmark import SCHEMAS
+
+NEXMARK_SQL = Path(__file__).with_name("nexmark.sql")
+"""The demo's four views as a file of SQL views (the circuits below, written in SQL)."""
 
 # The same views in Spark SQL over tables named after the inputs: what a batch job would
 # recompute from scratch (the demo's check and the benchmarks' peer).
@@ -105,3 +112,8 @@ def nexmark_circuit(name: str = "nexmark", queries: tuple[str, ...] = ("bids_by_
 def revenue_circuit() -> Circuit:
     """The three Nexmark inputs with one view, ``bids_by_category``: a small pipeline to run end to end."""
     return nexmark_circuit("revenue", ("bids_by_category",))
+
+
+def nexmark_sql_circuit(spark: SparkSession, name: str = "nexmark_sql") -> Circuit:
+    """The views of :data:`NEXMARK_SQL` compiled over the three Nexmark inputs."""
+    return compile_sql(NEXMARK_SQL.read_text(), SCHEMAS, spark, name=name, file=str(NEXMARK_SQL))

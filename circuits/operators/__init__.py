@@ -1,16 +1,17 @@
 """Incremental operators, one module per family: linear, bilinear, non-linear, time, keyed (KLogs)."""
 
 from .base import Operator
-from .bilinear import Join
+from .bilinear import Join, KeyedJoin
 from .keyed import Loop, Partition
 from .linear import Filter, FlatMap, Input, Negate, Select, Union
-from .nonlinear import AGG_KINDS, Agg, Aggregate, Distinct
+from .nonlinear import AGG_KINDS, Agg, Aggregate, DefaultRow, Distinct, SetOperation
 from .time import Delay, Differentiate, Integrate
 
 __all__ = [
     "AGG_KINDS",
     "Agg",
     "Aggregate",
+    "DefaultRow",
     "Delay",
     "Differentiate",
     "Distinct",
@@ -19,10 +20,12 @@ __all__ = [
     "Input",
     "Integrate",
     "Join",
+    "KeyedJoin",
     "Loop",
     "Negate",
     "Operator",
     "Partition",
     "Select",
+    "SetOperation",
     "Union",
 ]

@@ -13,9 +13,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..context import NodeContext
-from ..errors import ExpressionError
+from ..errors import CircuitDefinitionError, ExpressionError
 from ..sharding import ROUTED
-from ..zset import WEIGHT, add, data_columns, weight
+from ..zset import WEIGHT, add, consolidate, data_columns, weight
 from .base import Operator
 
 _RIGHT_WEIGHT = "_weight_right"
@@ -125,3 +125,70 @@ def _inner(left: DataFrame, right: DataFrame, on: list[str], columns: list[str])
     right = right.withColumnRenamed(WEIGHT, _RIGHT_WEIGHT)
     joined = left.join(right, [*ROUTED, *on], "inner")
     return joined.select(*columns, (weight() * F.col(_RIGHT_WEIGHT)).alias(WEIGHT))
+
+
+_JOIN_TYPES = ("inner", "left", "right", "full", "left_semi", "left_anti")
+_R = "_r"
+"""Suffix of the right side's routing, key and weight columns inside :class:`KeyedJoin`."""
+
+
+class KeyedJoin(Operator):
+    """``A ⋈_θ B`` for any of Spark's join types ``how`` (inner, left, right, full,
+    left_semi, left_anti) whose condition is ``A.on = B.on AND θ`` (``on`` names key
+    columns both sides have; ``condition``, Spark SQL over the two sides' other columns,
+    which must differ).  Matched rows' weights multiply; a row padded with nulls, and a
+    semi or anti join's row, keeps its side's weight.  Null keys match nothing.  The output
+    has ``A``'s columns, then ``B``'s but its keys (none for semi and anti joins).
+
+    Incremental: a key's output rows depend only on both sides' rows of that key, so for
+    the keys the step's deltas touch, ``J(A + ΔA, B + ΔB) - J(A, B)`` over those keys'
+    rows, ``J`` evaluated by Spark over the consolidated rows (the integrals are
+    relations: a row's copies are matched or padded alike); a delta row with a null key
+    matches nothing, before or after.  State: the integral of each side, keyed by ``on``.
+    """
+
+    stateful = True
+
+    name = "keyed_join"
+    arity = 2
+
+    def __init__(self, on: tuple[str, ...], how: str, condition: str | None) -> None:
+        if how not in _JOIN_TYPES:
+            raise CircuitDefinitionError(f"join type {how!r} is not one of {_JOIN_TYPES}")
+        self.on = on
+        self.how = how
+        self.condition = condition
+
+    def params(self) -> dict[str, Any]:
+        return {"on": list(self.on), "how": self.how, "condition": self.condition}
+
+    def evaluate(self, ctx: NodeContext, left: DataFrame, right: DataFrame) -> DataFrame:
+        on = list(self.on)
+        d_left, d_right = ctx.keyed(left, on), ctx.keyed(right, on)
+        touched = add(d_left.select(*ROUTED, *on), d_right.select(*ROUTED, *on)).dropna(subset=on)
+        old_left = ctx.share(ctx.lookup("left", touched, on, d_left, null_safe=False))
+        old_right = ctx.share(ctx.lookup("right", touched, on, d_right, null_safe=False))
+        ctx.stage("left", d_left)
+        ctx.stage("right", d_right)
+        columns = (data_columns(ctx.schema(0, left)), data_columns(ctx.schema(1, right)))
+        before = self._join(old_left, old_right, columns)
+        after = self._join(add(old_left, d_left), add(old_right, d_right), columns)
+        return add(after, before.withColumn(WEIGHT, -weight()))
+
+    def _join(self, left: DataFrame, right: DataFrame, columns: tuple[list[str], list[str]]) -> DataFrame:
+        left_columns, right_columns = columns
+        keys = [*ROUTED, *self.on]
+        right = consolidate(right, routed=True).select(
+            *[F.col(c).alias(c + _R) for c in keys], *[c for c in right_columns if c not in self.on],
+            weight().alias(WEIGHT + _R),
+        )
+        left = consolidate(left, routed=True)
+        condition = reduce(lambda a, b: a & b, [left[c] == right[c + _R] for c in keys])
+        if self.condition is not None:
+            condition = condition & F.expr(self.condition)
+        joined = left.join(right, condition, self.how)
+        if self.how in ("left_semi", "left_anti"):
+            return joined.select(*left_columns, weight())
+        product = F.coalesce(weight(), F.lit(1)) * F.coalesce(F.col(WEIGHT + _R), F.lit(1))
+        kept = [c for c in right_columns if c not in self.on]
+        return joined.select(*left_columns, *kept, product.alias(WEIGHT))

@@ -15,8 +15,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..context import NodeContext
-from ..sharding import PART, ROUTED, VNODE
-from ..zset import WEIGHT, add, data_columns, weight
+from ..errors import CircuitDefinitionError
+from ..sharding import PART, ROUTED, VNODE, with_vnode
+from ..zset import WEIGHT, add, consolidate, data_columns, weight
 from .base import Operator
 
 
@@ -258,3 +259,97 @@ def _shape(df: DataFrame, state: list[str], keys: list[str], provided: list[str]
     contributions (Spark widens a null column to the others' type), so no schema is asked for."""
     nulls = [F.lit(None).alias(c) for c in state if c not in provided]
     return df.select(*ROUTED, *keys, *provided, *nulls)
+
+
+_SET_WEIGHTS = {
+    "except_all": lambda a, b: F.greatest(a - b, F.lit(0)),
+    "except": lambda a, b: _positive(a) * (1 - _positive(b)),
+    "intersect_all": lambda a, b: F.least(a, b),
+    "intersect": lambda a, b: _positive(a) * _positive(b),
+}
+_A0, _DA, _B0, _DB = "_a0", "_da", "_b0", "_db"
+
+
+class SetOperation(Operator):
+    """SQL's ``A EXCEPT [ALL] B`` and ``A INTERSECT [ALL] B`` (``kind``: ``except_all``,
+    ``except``, ``intersect_all``, ``intersect``), rows equal when every column is (nulls
+    equal; both sides name their columns alike).  A row of weight ``a`` in ``A`` and ``b``
+    in ``B`` has weight ``max(a - b, 0)``, ``[a > 0 and b = 0]``, ``min(a, b)`` or
+    ``[a > 0 and b > 0]``.
+
+    Incremental: for each row of ``ΔA`` or ``ΔB``, ``f(a + Δa, b + Δb) - f(a, b)`` with
+    ``a``, ``b`` its weights in the integrals before the step.  State: both integrals.
+    """
+
+    stateful = True
+
+    name = "set_operation"
+    arity = 2
+    consolidates = True
+
+    def __init__(self, kind: str) -> None:
+        if kind not in _SET_WEIGHTS:
+            raise CircuitDefinitionError(f"set operation {kind!r} is not one of {tuple(_SET_WEIGHTS)}")
+        self.kind = kind
+
+    def params(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+    def evaluate(self, ctx: NodeContext, left: DataFrame, right: DataFrame) -> DataFrame:
+        columns = data_columns(ctx.schema(0, left))
+        deltas = []
+        for delta in (left, right):
+            d = ctx.keyed(delta.select(*columns, weight()), columns)
+            deltas.append(d.groupBy(*ROUTED, *columns).agg(F.sum(WEIGHT).alias(WEIGHT)))
+        touched = add(*[d.select(*ROUTED, *columns) for d in deltas])
+        zero = F.lit(0).cast("bigint")
+        terms = []
+        for side, d, (old_w, delta_w) in zip(("left", "right"), deltas, ((_A0, _DA), (_B0, _DB))):
+            old = ctx.lookup(side, touched, columns, d, null_safe=True)
+            ctx.stage(side, d)
+            for frame, w in ((d, delta_w), (old, old_w)):
+                others = [zero.alias(c) for c in (_A0, _DA, _B0, _DB) if c != w]
+                terms.append(frame.select(*ROUTED, *columns, weight().alias(w), *others))
+        sums = add(*terms).groupBy(*ROUTED, *columns).agg(*[F.sum(c).alias(c) for c in (_A0, _DA, _B0, _DB)])
+        f = _SET_WEIGHTS[self.kind]
+        a0, b0 = F.col(_A0), F.col(_B0)
+        change = f(a0 + F.col(_DA), b0 + F.col(_DB)) - f(a0, b0)
+        return sums.select(*columns, change.cast("bigint").alias(WEIGHT)).where(weight() != 0)
+
+
+class DefaultRow(Operator):
+    """``Z`` while its integral has rows, else one default row: SQL's global aggregate (one
+    row even over no input) from an aggregate grouped by nothing.  The default row has 0
+    in the columns ``zeros`` (counts) and null in the others.
+
+    Incremental: the output's integral after the step minus the one before, both kept as
+    state (with the input's integral, at most one row each for a global aggregate).
+    """
+
+    stateful = True
+    zero_preserving = False  # the default row appears at the first step, with no input
+
+    name = "default_row"
+
+    def __init__(self, zeros: tuple[str, ...]) -> None:
+        self.zeros = zeros
+
+    def params(self) -> dict[str, Any]:
+        return {"zeros": list(self.zeros)}
+
+    def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
+        schema = ctx.schema(0, delta)
+        columns = data_columns(schema)
+        vnodes = ctx.layout.vnodes
+        d = with_vnode(delta.select(*columns, weight()), columns, vnodes)
+        total = consolidate(add(ctx.scan("integral", d), d))
+        ctx.stage("integral", d)
+        values = [
+            (F.lit(0) if c in self.zeros else F.lit(None)).cast(schema[c].dataType).alias(c) for c in columns
+        ]
+        default = ctx.step.spark.range(1).select(*values, F.lit(1).cast("bigint").alias(WEIGHT))
+        after = add(total.select(*columns, weight()), default.join(total, F.lit(True), "left_anti"))
+        after = with_vnode(after, columns, vnodes)
+        change = add(after, ctx.scan("output", after).withColumn(WEIGHT, -weight()))
+        ctx.stage("output", change)
+        return change.drop(VNODE)

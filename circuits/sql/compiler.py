@@ -1,0 +1,510 @@
+"""SQL views compiled into one circuit.
+
+Each query becomes a DAG of the engine's incremental operators; every scalar expression
+stays Spark SQL text (evaluated by Spark, with Spark's semantics), its column names
+rewritten to the compiler's own.  Every relation's columns get fresh names (``c0``,
+``c1``, ...), so that self-joins, joins of same-named columns and correlated subqueries
+never clash; a scope maps what the SQL calls a column (qualifier and name) to them.
+Spark analyses each view's text over empty tables of the inputs' schemas: a name or type
+error is reported before anything runs, and the view's output takes Spark's column names
+and types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from sqlglot import exp
+
+from .. import operators as ops
+from ..circuit import Circuit, Stream
+from ..zset import parse_schema
+from .errors import SqlError
+from .parse import DIALECT, View, parse_views, read_tables
+
+_AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+_JOIN_SIDES = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}
+
+
+@dataclass(frozen=True)
+class Col:
+    qualifier: str | None
+    name: str
+    internal: str
+
+
+@dataclass
+class Rel:
+    """A compiled relation: its stream and its columns in order."""
+
+    stream: Stream
+    cols: list[Col]
+    types: dict[str, T.DataType]
+    """Each internal column's Spark type."""
+
+    def named(self, qualifier: str | None) -> "Rel":
+        return Rel(self.stream, [Col(qualifier, c.name, c.internal) for c in self.cols], self.types)
+
+    def schema(self) -> T.StructType:
+        return T.StructType([T.StructField(c.internal, self.types[c.internal]) for c in self.cols])
+
+
+@dataclass
+class _Scope:
+    cols: list[Col]
+    outer: "_Scope | None" = None
+    aliases: dict[str, exp.Expression] = field(default_factory=dict)
+    """Select-list aliases that GROUP BY and HAVING may name (Spark resolves them)."""
+
+    def find(self, column: exp.Column) -> Col | None:
+        name, table = column.name.lower(), column.table.lower()
+        found = [c for c in self.cols if c.name.lower() == name and (not table or (c.qualifier or "").lower() == table)]
+        if len(found) > 1:
+            raise SqlError(f"column {column.sql(DIALECT)} is ambiguous; qualify it with its table")
+        return found[0] if found else None
+
+    def is_local(self, expression: exp.Expression) -> bool:
+        """Every column of ``expression`` is one of this scope's."""
+        return all(self.find(c) is not None for c in _columns(expression))
+
+
+def compile_sql(
+    text: str, schemas: Mapping[str, T.StructType | str], spark: SparkSession, *, name: str = "sql", file: str = "<sql>"
+) -> Circuit:
+    """The circuit of a file of views (see :mod:`circuits.sql.parse`): one input per table
+    the views read (``schemas``: table name -> schema), one output per materialized view.
+    Raises :class:`SqlError` naming the file, line and view of anything that does not load.
+    Spark's analysis leaves the inputs (empty) and the views as temporary views of the
+    ``spark`` session: compile in the session that runs the steps, not one whose temporary
+    views of those names hold data."""
+    views = parse_views(text, file)
+    compiler = _Compiler(Circuit(name), {k.lower(): parse_schema(v) for k, v in schemas.items()}, spark)
+    for view in views:
+        compiler.view(view)
+    compiler.circuit.declaring = None
+    if not compiler.circuit.outputs:
+        raise SqlError(f"{file}: no CREATE MATERIALIZED VIEW; a views file needs at least one")
+    return compiler.circuit
+
+
+class _Compiler:
+    def __init__(self, circuit: Circuit, schemas: dict[str, T.StructType], spark: SparkSession) -> None:
+        self.circuit = circuit
+        self.schemas = schemas
+        self.spark = spark
+        self.inputs: dict[str, Stream] = {}
+        self.views: dict[str, Rel] = {}
+        self.ctes: list[dict[str, Rel]] = []
+        self.count = 0
+        self._registered: set[str] = set()
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"c{self.count}"
+
+    # views
+    def view(self, view: View) -> None:
+        self.circuit.declaring = f"{view.file}:{view.line} (view {view.name})"
+        try:
+            output = self._analyse(view)
+            rel = self.query(view.query, None)
+        except SqlError as e:
+            raise view.error(str(e)) from e
+        if len(rel.cols) != len(output.fields):
+            raise view.error(f"the view has {len(rel.cols)} columns where Spark sees {len(output.fields)}")
+        columns = [F.col(c.internal).cast(f.dataType).alias(f.name) for c, f in zip(rel.cols, output.fields)]
+        stream = rel.stream.select(*columns)
+        self.views[view.name.lower()] = Rel(
+            stream, [Col(None, f.name, f.name) for f in output.fields], {f.name: f.dataType for f in output.fields}
+        )
+        if view.materialized:
+            self.circuit.output(view.name, stream)
+
+    def _analyse(self, view: View) -> T.StructType:
+        """Spark's schema of the view, over empty tables of the inputs (registered as
+        temporary views of the session): unknown names and type errors surface here."""
+        for table in sorted(read_tables(view.query) - set(self.views) - self._registered):
+            if table in self.schemas:
+                self.spark.createDataFrame([], self.schemas[table]).createOrReplaceTempView(table)
+                self._registered.add(table)
+        try:
+            analysed = self.spark.sql(view.text)
+            schema = analysed.schema
+            analysed.createOrReplaceTempView(view.name)
+        except AnalysisException as e:
+            reason = str(e).strip().splitlines()[0]
+            raise SqlError(f"Spark cannot analyse the query: {reason}") from e
+        names = [f.name.lower() for f in schema.fields]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise SqlError(f"the view has several columns named {duplicates}; give them distinct aliases")
+        return schema
+
+    # queries
+    def query(self, node: exp.Expression, outer: _Scope | None) -> Rel:
+        if isinstance(node, exp.Subquery):
+            return self.query(node.this, outer)
+        with_ = node.args.get("with_")
+        self.ctes.append({})
+        try:
+            for cte in with_.expressions if with_ else []:
+                self.ctes[-1][cte.alias_or_name.lower()] = self.query(cte.this, outer).named(None)
+            if isinstance(node, exp.Select):
+                return self.select(node, outer)
+            if isinstance(node, (exp.Union, exp.Except, exp.Intersect)):
+                return self.set_operation(node, outer)
+            raise SqlError(f"not supported: {type(node).__name__} ({node.sql(DIALECT)[:60]})")
+        finally:
+            self.ctes.pop()
+
+    def set_operation(self, node: exp.SetOperation, outer: _Scope | None) -> Rel:
+        left = self.query(node.this, outer)
+        right = self.query(node.expression, outer)
+        if len(left.cols) != len(right.cols):
+            raise SqlError(f"{node.key.upper()} of {len(left.cols)} and {len(right.cols)} columns")
+        common = self.types_of(
+            T.StructType([*left.schema().fields, *right.schema().fields]),
+            {l.internal: f"coalesce({l.internal}, {r.internal})" for l, r in zip(left.cols, right.cols)},
+        )
+        left_stream = left.stream.select(*[F.col(c).cast(t).alias(c) for c, t in common.items()])
+        right_stream = right.stream.select(
+            *[F.col(r.internal).cast(common[l.internal]).alias(l.internal) for l, r in zip(left.cols, right.cols)]
+        )
+        distinct = node.args.get("distinct") is not False
+        if isinstance(node, exp.Union):
+            stream = left_stream.union(right_stream)
+            stream = stream.distinct() if distinct else stream
+        else:
+            kind = f"{node.key}{'' if distinct else '_all'}"
+            stream = left_stream.set_operation(right_stream, kind)
+        return Rel(stream, [Col(None, c.name, c.internal) for c in left.cols], common)
+
+    def select(self, node: exp.Select, outer: _Scope | None) -> Rel:
+        if node.args.get("from_") is None:
+            raise SqlError("SELECT without FROM is not supported; read a table")
+        rel = self.from_(node, outer)
+        scope = _Scope(rel.cols, outer, {e.alias.lower(): e.this for e in node.expressions if isinstance(e, exp.Alias)})
+        where = node.args.get("where")
+        if where is not None:
+            rel = self.where(rel, scope, where.this)
+        aggregated = node.args.get("group") is not None or any(
+            isinstance(n, exp.AggFunc) for e in [*node.expressions, node.args.get("having")] if e for n in e.walk()
+        )
+        if aggregated:
+            rel, scope, items = self.aggregate(node, rel, scope)
+        else:
+            if node.args.get("having") is not None:
+                raise SqlError("HAVING without GROUP BY or aggregates")
+            items = self.items(node, scope)
+        rel = self.project(rel, items)
+        return Rel(rel.stream.distinct(), rel.cols, rel.types) if node.args.get("distinct") else rel
+
+    def items(self, node: exp.Select, scope: _Scope) -> list[tuple[str, str]]:
+        """The select list as (name, Spark SQL over internal names), stars expanded."""
+        items = []
+        for e in node.expressions:
+            star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) and isinstance(e.this, exp.Star) else None
+            if star is not None:
+                table = e.table.lower() if isinstance(e, exp.Column) else ""
+                cols = [c for c in scope.cols if not table or (c.qualifier or "").lower() == table]
+                if not cols:
+                    raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause")
+                items += [(c.name, c.internal) for c in cols]
+            else:
+                items.append((e.alias_or_name, self.resolve(e.unalias(), scope)))
+        return items
+
+    def project(self, rel: Rel, items: list[tuple[str, str]]) -> Rel:
+        cols = [Col(None, name, self.fresh()) for name, _ in items]
+        stream = rel.stream.select(*[F.expr(text).alias(c.internal) for (_, text), c in zip(items, cols)])
+        return Rel(stream, cols, self.types_of(rel.schema(), {c.internal: text for (_, text), c in zip(items, cols)}))
+
+    def types_of(self, schema: T.StructType, exprs: dict[str, str]) -> dict[str, T.DataType]:
+        """The Spark types of the named expressions over columns of ``schema`` (one
+        analysis by Spark, of an empty relation)."""
+        try:
+            analysed = self.spark.createDataFrame([], schema).select(*[F.expr(e).alias(n) for n, e in exprs.items()])
+            return {f.name: f.dataType for f in analysed.schema.fields}
+        except AnalysisException as e:
+            raise SqlError(f"Spark cannot analyse {list(exprs.values())}: {str(e).strip().splitlines()[0]}") from e
+
+    # FROM and joins
+    def from_(self, node: exp.Select, outer: _Scope | None) -> Rel:
+        rel = self.source(node.args["from_"].this, outer)
+        for join in node.args.get("joins") or []:
+            rel = self.join(rel, self.source(join.this, outer), join)
+        return rel
+
+    def source(self, node: exp.Expression, outer: _Scope | None) -> Rel:
+        if isinstance(node, exp.Table):
+            base = self.table(node.name.lower())
+            qualifier = node.alias_or_name
+        elif isinstance(node, exp.Subquery):
+            base = self.query(node.this, outer)
+            qualifier = node.alias or None
+        else:
+            raise SqlError(f"not supported in FROM: {node.sql(DIALECT)[:60]}")
+        cols = [Col(qualifier, c.name, self.fresh()) for c in base.cols]
+        stream = base.stream.select(*[F.col(b.internal).alias(c.internal) for b, c in zip(base.cols, cols)])
+        return Rel(stream, cols, {c.internal: base.types[b.internal] for b, c in zip(base.cols, cols)})
+
+    def table(self, name: str) -> Rel:
+        for ctes in reversed(self.ctes):
+            if name in ctes:
+                return ctes[name]
+        if name in self.views:
+            return self.views[name]
+        if name not in self.schemas:
+            known = sorted([*self.schemas, *self.views])
+            raise SqlError(f"unknown table {name!r}; the inputs and views are {known}")
+        if name not in self.inputs:
+            self.inputs[name] = self.circuit.input(name, self.schemas[name])
+        schema = self.schemas[name]
+        return Rel(self.inputs[name], [Col(None, f.name, f.name) for f in schema.fields], {f.name: f.dataType for f in schema})
+
+    def join(self, left: Rel, right: Rel, node: exp.Join) -> Rel:
+        if node.args.get("using") or node.method:
+            raise SqlError(f"not supported: {node.method or 'USING'} join; write the condition with ON")
+        kind, side = (node.kind or "").upper(), (node.side or "").upper()
+        condition = node.args.get("on")
+        if kind in ("SEMI", "ANTI"):
+            how = f"left_{kind.lower()}"
+        elif kind in ("", "INNER", "CROSS", "OUTER"):
+            how = _JOIN_SIDES[side]
+        else:
+            raise SqlError(f"not supported: {kind} JOIN")
+        both = _Scope([*left.cols, *right.cols])
+        pairs, rest = _split_equalities(_conjuncts(condition), _Scope(left.cols), _Scope(right.cols))
+        pairs = [(self.resolve(a, both), self.resolve(b, both)) for a, b in pairs]
+        residual = self.resolve(exp.and_(*rest), both) if rest else None
+        return self.keyed_join(left, right, pairs, residual, how)
+
+    def keyed_join(self, left: Rel, right: Rel, pairs: list[tuple[str, str]], residual: str | None, how: str) -> Rel:
+        """``left ⋈ right`` on ``left_key = right_key`` for each pair (Spark SQL texts) and
+        ``residual``; a join with no equality is keyed by a constant (one key: the whole
+        relations are read on every change)."""
+        pairs = pairs or [("0", "0")]
+        keys = [self.fresh() for _ in pairs]
+        # Equal keys must hash alike (to one vnode): both sides' keys take their common type.
+        both = T.StructType([*left.schema().fields, *right.schema().fields])
+        common = self.types_of(both, {k: f"coalesce({a}, {b})" for (a, b), k in zip(pairs, keys)})
+        left_stream = left.stream.select(
+            *[c.internal for c in left.cols], *[F.expr(a).cast(common[k]).alias(k) for (a, _), k in zip(pairs, keys)]
+        )
+        right_stream = right.stream.select(
+            *[c.internal for c in right.cols], *[F.expr(b).cast(common[k]).alias(k) for (_, b), k in zip(pairs, keys)]
+        )
+        cols = left.cols if how in ("left_semi", "left_anti") else [*left.cols, *right.cols]
+        if how == "inner":
+            joined = left_stream.join(right_stream, keys)
+            joined = joined.filter(F.expr(residual)) if residual else joined
+        else:
+            joined = left_stream.keyed_join(right_stream, keys, how, residual)
+        return Rel(joined.select(*[c.internal for c in cols]), cols, {**left.types, **right.types})
+
+    # WHERE and subqueries
+    def where(self, rel: Rel, scope: _Scope, condition: exp.Expression) -> Rel:
+        plain, subqueries = [], []
+        for c in _conjuncts(condition):
+            inner = c.this if isinstance(c, exp.Not) else c
+            if isinstance(inner, exp.Exists) or (isinstance(inner, exp.In) and inner.args.get("query")):
+                subqueries.append((inner, isinstance(c, exp.Not)))
+            elif any(isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and n.args.get("query")) for n in c.walk()):
+                raise SqlError(f"a subquery is supported only as a conjunct of WHERE: {c.sql(DIALECT)[:80]}")
+            else:
+                plain.append(c)
+        if plain:
+            rel = Rel(rel.stream.filter(F.expr(self.resolve(exp.and_(*plain), scope))), rel.cols, rel.types)
+        for predicate, negated in subqueries:
+            rel = self.semi_join(rel, scope, predicate, negated)
+        return rel
+
+    def semi_join(self, rel: Rel, scope: _Scope, predicate: exp.Expression, negated: bool) -> Rel:
+        """``[NOT] EXISTS (q)`` and ``x [NOT] IN (q)`` as a semi (anti) join of ``rel`` with
+        ``q``, keyed by the equalities that correlate ``q`` with ``rel``.  ``NOT IN`` is
+        null-aware, as in SQL: a row is kept only if no ``q`` value equals it or is unknown."""
+        query = predicate.this if isinstance(predicate, exp.Exists) else predicate.args["query"].this
+        inner, pairs, residual = self.correlated(query, scope)
+        if isinstance(predicate, exp.In):
+            single = len(query.expressions) == 1 if isinstance(query, exp.Select) else len(inner.cols) == 1
+            if isinstance(predicate.this, exp.Tuple) or not single:
+                raise SqlError("IN (subquery) of several columns is not supported")
+            value = (self.resolve(predicate.this, scope), inner.cols[-1].internal)
+            if negated:
+                residual = _and(residual, f"coalesce(({value[0]}) = ({value[1]}), true)")
+            else:
+                pairs = [*pairs, value]
+        return self.keyed_join(rel, inner, pairs, residual, "left_anti" if negated else "left_semi")
+
+    def correlated(self, query: exp.Expression, outer: _Scope) -> tuple[Rel, list[tuple[str, str]], str | None]:
+        """A subquery's relation (its select list last, for IN), and the key pairs
+        (outer, inner) and residual condition of its WHERE conjuncts that read ``outer``."""
+        if not isinstance(query, exp.Select) or _is_aggregate(query) or query.args.get("distinct") or query.args.get("with_"):
+            return self.query(query, None), [], None
+        rel = self.from_(query, outer)
+        scope = _Scope(rel.cols, outer)
+        local, correlated = [], []
+        for c in _conjuncts(query.args["where"].this if query.args.get("where") else None):
+            (local if scope.is_local(c) else correlated).append(c)
+        if local:
+            rel = self.where(rel, scope, exp.and_(*local))
+        pairs, rest = _split_equalities(correlated, outer, _Scope(rel.cols))
+        both = _Scope([*outer.cols, *rel.cols], outer.outer)
+        pairs = [(self.resolve(o, both), self.resolve(i, both)) for o, i in pairs]
+        residual = self.resolve(exp.and_(*rest), both) if rest else None
+        name, text = self.items(query, scope)[-1]
+        value = Col(None, name, self.fresh())
+        stream = rel.stream.select(*[c.internal for c in rel.cols], F.expr(text).alias(value.internal))
+        types = {**rel.types, **self.types_of(rel.schema(), {value.internal: text})}
+        return Rel(stream, [*rel.cols, value], types), pairs, residual
+
+    # aggregates
+    def aggregate(self, node: exp.Select, rel: Rel, scope: _Scope) -> tuple[Rel, _Scope, list[tuple[str, str]]]:
+        """``GROUP BY`` (or a global aggregate): the group keys and each aggregate's argument
+        projected, grouped, and the select list and HAVING rewritten over the result."""
+        keys = [self.resolve(self._group_expression(g, node, scope), scope) for g in _group_by(node)]
+        calls: dict[str, tuple[str, exp.AggFunc]] = {}
+        for e in [*node.expressions, node.args.get("having")]:
+            for call in (e.find_all(exp.AggFunc) if e else []):
+                text = self.resolve(call, scope)
+                calls.setdefault(text, (self.fresh(), call))
+        key_cols = [self.fresh() for _ in keys] or [self.fresh()]
+        arguments, aggs = {}, {}
+        for text, (out, call) in calls.items():
+            kind, argument = _aggregate_kind(call)
+            column = None
+            if argument is not None:
+                column = arguments.setdefault(self.resolve(argument, scope), self.fresh())
+            aggs[out] = ops.Agg(kind, column)
+        projected = {**dict(zip(key_cols, keys or ["0"])), **{c: text for text, c in arguments.items()}}
+        types = self.types_of(rel.schema(), projected)
+        grouped = rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()]).group_by(*key_cols).agg(**aggs)
+        types.update({out: _aggregate_type(a, types) for out, a in aggs.items()})
+        if not keys:
+            zeros = tuple(out for out, a in aggs.items() if a.kind in ("count", "count_distinct"))
+            grouped = grouped.select(*aggs).default_row(*zeros)
+        replacements = {**dict(zip(keys, key_cols)), **{text: out for text, (out, _) in calls.items()}}
+
+        def rewrite(e: exp.Expression) -> str:
+            resolved = exp.maybe_parse(self.resolve(e, scope), dialect=DIALECT)
+            return resolved.transform(
+                lambda n: exp.column(replacements[n.sql(DIALECT)]) if n.sql(DIALECT) in replacements else n
+            ).sql(DIALECT)
+
+        having = node.args.get("having")
+        if having is not None:
+            grouped = grouped.filter(F.expr(rewrite(having.this)))
+        items = []
+        for e in node.expressions:
+            if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
+                raise SqlError("SELECT * with GROUP BY; list the columns")
+            items.append((e.alias_or_name, rewrite(e.unalias())))
+        cols = [Col(None, c, c) for c in [*(key_cols if keys else []), *aggs]]
+        return Rel(grouped, cols, types), _Scope(cols), items
+
+    def _group_expression(self, g: exp.Expression, node: exp.Select, scope: _Scope) -> exp.Expression:
+        """A GROUP BY item: an ordinal or a select-list alias stands for its expression."""
+        if isinstance(g, exp.Literal) and not g.is_string:
+            position = int(g.name)
+            if not 1 <= position <= len(node.expressions):
+                raise SqlError(f"GROUP BY {position}: the select list has {len(node.expressions)} items")
+            return node.expressions[position - 1].unalias()
+        return g
+
+    # expressions
+    def resolve(self, e: exp.Expression, scope: _Scope) -> str:
+        """``e`` as Spark SQL over internal column names."""
+
+        def rename(n: exp.Expression) -> exp.Expression:
+            if not isinstance(n, exp.Column) or isinstance(n.this, exp.Star):
+                return n
+            s: _Scope | None = scope
+            while s is not None:
+                found = s.find(n)
+                if found is not None:
+                    return exp.column(found.internal)
+                s = s.outer
+            alias = scope.aliases.get(n.name.lower()) if not n.table else None
+            if alias is not None:
+                return exp.maybe_parse(self.resolve(alias, scope), dialect=DIALECT)
+            raise SqlError(f"unknown column {n.sql(DIALECT)}")
+
+        return e.copy().transform(rename).sql(DIALECT)
+
+
+def _columns(e: exp.Expression) -> list[exp.Column]:
+    return [c for c in e.find_all(exp.Column) if not isinstance(c.this, exp.Star)]
+
+
+def _conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
+    if condition is None:
+        return []
+    if isinstance(condition, exp.And):
+        return [*_conjuncts(condition.this), *_conjuncts(condition.expression)]
+    if isinstance(condition, exp.Paren):
+        return _conjuncts(condition.this)
+    return [condition]
+
+
+def _split_equalities(
+    conjuncts: list[exp.Expression], left: _Scope, right: _Scope
+) -> tuple[list[tuple[exp.Expression, exp.Expression]], list[exp.Expression]]:
+    """The conjuncts ``l = r`` with ``l`` over ``left``'s columns only and ``r`` over
+    ``right``'s (either way round), as (l, r) pairs; and the others."""
+    pairs, rest = [], []
+    for c in conjuncts:
+        if isinstance(c, exp.EQ) and _columns(c.this) and _columns(c.expression):
+            a, b = c.this, c.expression
+            if left.is_local(a) and right.is_local(b) and not right.is_local(a):
+                pairs.append((a, b))
+                continue
+            if left.is_local(b) and right.is_local(a) and not right.is_local(b):
+                pairs.append((b, a))
+                continue
+        rest.append(c)
+    return pairs, rest
+
+
+def _and(a: str | None, b: str) -> str:
+    return b if a is None else f"({a}) AND ({b})"
+
+
+def _is_aggregate(query: exp.Select) -> bool:
+    return query.args.get("group") is not None or any(isinstance(n, exp.AggFunc) for e in query.expressions for n in e.walk())
+
+
+def _group_by(node: exp.Select) -> list[exp.Expression]:
+    group = node.args.get("group")
+    return list(group.expressions) if group is not None else []
+
+
+def _aggregate_kind(call: exp.AggFunc) -> tuple[str, exp.Expression | None]:
+    """The engine's aggregate for a SQL aggregate call, and its argument (None for ``count(*)``)."""
+    kind = next((k for t, k in _AGGREGATES.items() if type(call) is t), None)
+    argument = call.this
+    if kind is None:
+        raise SqlError(f"not supported: the aggregate {call.sql(DIALECT)}; use count, sum, avg, min or max")
+    if isinstance(argument, exp.Distinct):
+        if kind != "count" or len(argument.expressions) != 1:
+            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT one_expression)")
+        return "count_distinct", argument.expressions[0]
+    if isinstance(argument, exp.Star):
+        return "count", None
+    return kind, argument
+
+
+def _aggregate_type(a: ops.Agg, types: dict[str, T.DataType]) -> T.DataType:
+    """The type of the engine's aggregate ``a`` over columns of ``types``."""
+    if a.kind in ("count", "count_distinct"):
+        return T.LongType()
+    argument = types[a.column]
+    if a.kind == "avg" or (a.kind == "sum" and isinstance(argument, (T.FloatType, T.DoubleType))):
+        return T.DoubleType()
+    if a.kind == "sum" and isinstance(argument, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+        return T.LongType()
+    return argument

@@ -1,0 +1,16 @@
+"""Errors of the SQL front end."""
+
+from __future__ import annotations
+
+from ..errors import DbspError
+
+
+class SqlError(DbspError):
+    """A SQL file that does not load: a syntax error, an unknown name, a type error, a
+    construct the engine cannot maintain incrementally, two views of one name, a cycle.
+    The message names the file, the line, the view and the construct."""
+
+
+def located(file: str, line: int, view: str | None, message: str) -> SqlError:
+    where = f"{file}:{line}" + (f", view {view!r}" if view else "")
+    return SqlError(f"{where}: {message}")

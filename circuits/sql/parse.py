@@ -1,0 +1,170 @@
+"""A file of Spark Declarative Pipelines views, parsed and checked without Spark.
+
+The file holds ``CREATE MATERIALIZED VIEW name AS <query>;`` and ``CREATE TEMPORARY VIEW
+name AS <query>;`` statements.  Everything the engine cannot maintain incrementally is
+refused here, before any data is read, with the file, line, view and construct.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
+
+from .errors import SqlError, located
+
+DIALECT = "spark"
+
+# Constructs whose result is not a function of the inputs' current contents, or that
+# need an order: the reason each is refused.
+_REFUSED_NODES: dict[type[exp.Expression], str] = {
+    exp.Window: "window functions (OVER ...)",
+    exp.Order: "ORDER BY (a maintained view is a set of rows, with no order)",
+    exp.Limit: "LIMIT (without an order it is not a function of the rows)",
+    exp.Offset: "OFFSET",
+    exp.Fetch: "FETCH",
+    exp.Lateral: "LATERAL VIEW / LATERAL",
+    exp.Pivot: "PIVOT / UNPIVOT",
+    exp.Cube: "GROUP BY CUBE",
+    exp.Rollup: "GROUP BY ROLLUP",
+    exp.GroupingSets: "GROUPING SETS",
+    exp.TableSample: "TABLESAMPLE",
+    exp.Values: "VALUES",
+    exp.Unnest: "UNNEST",
+    exp.Explode: "explode() and other generators",
+    exp.Filter: "aggregate FILTER (WHERE ...)",
+    exp.Rand: "rand() (non-deterministic)",
+    exp.Randn: "randn() (non-deterministic)",
+    exp.Uuid: "uuid() (non-deterministic)",
+    exp.CurrentTimestamp: "current_timestamp() (non-deterministic)",
+    exp.CurrentDate: "current_date() (non-deterministic)",
+}
+_NONDETERMINISTIC = {
+    "rand", "randn", "random", "uuid", "shuffle", "now", "current_timestamp", "current_date",
+    "localtimestamp", "monotonically_increasing_id", "spark_partition_id", "input_file_name",
+    "input_file_block_start", "input_file_block_length", "unix_timestamp", "try_reflect", "reflect",
+}
+_CREATE = re.compile(r"\s*CREATE\s+(MATERIALIZED|TEMPORARY)\s+VIEW\b", re.IGNORECASE)
+_HEAD = re.compile(r"\s*CREATE\s+\w+\s+VIEW\s+[\w`]+\s+AS\s", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class View:
+    name: str
+    query: exp.Query
+    materialized: bool
+    file: str
+    line: int
+    text: str
+    """The statement's query as written (what Spark batch SQL of the same view runs)."""
+
+    def error(self, message: str, line: int | None = None) -> SqlError:
+        return located(self.file, line or self.line, self.name, message)
+
+
+def parse_views(text: str, file: str = "<sql>") -> list[View]:
+    """The views of ``text`` (a file's contents), in dependency order: each after every
+    view it reads.  Raises :class:`SqlError` for anything that does not load."""
+    views = [_view(statement, line, file) for statement, line in _statements(text, file)]
+    seen: dict[str, View] = {}
+    for view in views:
+        if view.name.lower() in seen:
+            first = seen[view.name.lower()]
+            raise view.error(f"a second view named {view.name!r} (the first is at line {first.line}); rename one")
+        seen[view.name.lower()] = view
+    return _in_dependency_order(views)
+
+
+def _statements(text: str, file: str) -> list[tuple[str, int]]:
+    """Each statement's text (blank lines in front, so that positions are the file's) and line."""
+    try:
+        tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
+    except TokenError as e:
+        raise located(file, 1, None, f"the SQL does not tokenize: {e}") from e
+    statements, first = [], None
+    for token in [*tokens, None]:
+        if token is not None and token.token_type != TokenType.SEMICOLON:
+            first = first or token
+            continue
+        if first is not None:
+            end = len(text) if token is None else token.start
+            statements.append(("\n" * (first.line - 1) + text[first.start : end], first.line))
+        first = None
+    return statements
+
+
+def _view(statement: str, line: int, file: str) -> View:
+    kind = _CREATE.match(statement)
+    if kind is None:
+        head = " ".join(statement.split()[:3])
+        raise located(
+            file, line, None,
+            f"{head!r}: only CREATE MATERIALIZED VIEW name AS SELECT ... and CREATE TEMPORARY VIEW name AS "
+            "SELECT ... are supported in a views file",
+        )
+    try:
+        create = sqlglot.parse_one(statement, read=DIALECT)
+    except ParseError as e:
+        first = e.errors[0] if e.errors else {}
+        raise located(file, first.get("line") or line, None, f"syntax error: {first.get('description', e)}") from e
+    query = create.expression
+    if not isinstance(create, exp.Create) or create.kind != "VIEW" or not isinstance(query, exp.Query):
+        raise located(file, line, None, "syntax error: expected CREATE ... VIEW name AS SELECT ...; check the statement")
+    head = _HEAD.match(statement)
+    body = statement[head.end() :].strip() if head else query.sql(DIALECT)
+    view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body)
+    _refuse_unsupported(view, statement)
+    return view
+
+
+def _refuse_unsupported(view: View, statement: str) -> None:
+    for node in view.query.walk():
+        reason = next((r for kind, r in _REFUSED_NODES.items() if isinstance(node, kind)), None)
+        if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
+            reason = f"{node.name}() (non-deterministic)"
+        if reason is not None:
+            raise view.error(
+                f"not supported in a maintained view: {reason}; remove it (or compute it downstream)",
+                _line_of(statement, node, view.line),
+            )
+
+
+def _line_of(statement: str, node: exp.Expression, default: int) -> int:
+    """The line where ``node``'s first word appears in ``statement``, else ``default``."""
+    word = node.sql(DIALECT).split("(")[0].split()[0] if node.sql(DIALECT).strip() else ""
+    position = statement.upper().find(word.upper()) if word else -1
+    return statement.count("\n", 0, position) + 1 if position >= 0 else default
+
+
+def read_tables(query: exp.Expression) -> set[str]:
+    """The names of the tables a query reads, but the CTEs it defines (lower case)."""
+    ctes = {cte.alias_or_name.lower() for cte in query.find_all(exp.CTE)}
+    return {t.name.lower() for t in query.find_all(exp.Table)} - ctes
+
+
+def _in_dependency_order(views: list[View]) -> list[View]:
+    by_name = {v.name.lower(): v for v in views}
+    ordered: list[View] = []
+    state: dict[str, str] = {}
+
+    def visit(view: View, path: list[str]) -> None:
+        key = view.name.lower()
+        if state.get(key) == "done":
+            return
+        if state.get(key) == "visiting":
+            cycle = " -> ".join([*path[path.index(key):], key])
+            raise view.error(f"views read each other in a cycle ({cycle}); break the cycle: a view may read other views, not itself through them")
+        state[key] = "visiting"
+        for table in sorted(read_tables(view.query)):
+            if table in by_name:
+                visit(by_name[table], [*path, key])
+        state[key] = "done"
+        ordered.append(view)
+
+    for view in views:
+        visit(view, [])
+    return ordered

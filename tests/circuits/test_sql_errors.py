@@ -1,0 +1,70 @@
+"""A views file that does not load is refused before anything runs, naming the file, the
+line, the view and the construct (no Spark: these are the parser's checks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from circuits.errors import DbspError
+from circuits.sql import SqlError, parse_views
+
+
+def refusal(text: str) -> str:
+    with pytest.raises(SqlError) as raised:
+        parse_views(text, "views.sql")
+    assert isinstance(raised.value, DbspError)
+    return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "query, construct",
+    [
+        ("SELECT k, row_number() OVER (PARTITION BY k ORDER BY v) AS r FROM a", "window functions"),
+        ("SELECT k FROM a ORDER BY k", "ORDER BY"),
+        ("SELECT k FROM a LIMIT 3", "LIMIT"),
+        ("SELECT k, rand() AS r FROM a", "rand()"),
+        ("SELECT k, current_timestamp() AS t FROM a", "current_timestamp()"),
+        ("SELECT k, uuid() AS u FROM a", "uuid()"),
+        ("SELECT k, count(*) FILTER (WHERE v > 1) AS n FROM a GROUP BY k", "FILTER"),
+        ("SELECT k, sum(v) AS n FROM a GROUP BY ROLLUP (k)", "ROLLUP"),
+        ("SELECT explode(array(k, v)) AS e FROM a", "explode()"),
+    ],
+)
+def test_unsupported_constructs_are_refused_with_view_and_line(query, construct):
+    message = refusal(f"CREATE MATERIALIZED VIEW ok AS SELECT k FROM a;\n\nCREATE MATERIALIZED VIEW bad AS\n  {query};")
+    assert message.startswith("views.sql:4, view 'bad': not supported")
+    assert construct in message
+
+
+def test_other_statements_are_refused():
+    message = refusal("CREATE TABLE t (k int);")
+    assert message.startswith("views.sql:1:") and "CREATE MATERIALIZED VIEW" in message
+
+
+def test_a_syntax_error_names_its_line():
+    message = refusal("CREATE MATERIALIZED VIEW a AS SELECT k FROM t;\n\nCREATE MATERIALIZED VIEW b AS SELECT (k FROM t;")
+    assert message.startswith("views.sql:3") and "syntax error" in message
+
+
+def test_two_views_of_one_name_are_refused():
+    message = refusal("CREATE MATERIALIZED VIEW v AS SELECT k FROM t;\nCREATE TEMPORARY VIEW V AS SELECT k FROM u;")
+    assert message.startswith("views.sql:2, view 'V'") and "line 1" in message
+
+
+def test_a_cycle_between_views_is_refused():
+    message = refusal(
+        "CREATE MATERIALIZED VIEW a AS SELECT k FROM c;\n"
+        "CREATE TEMPORARY VIEW b AS SELECT k FROM a;\n"
+        "CREATE TEMPORARY VIEW c AS SELECT k FROM b;"
+    )
+    assert "cycle (a -> c -> b -> a)" in message and message.startswith("views.sql:1, view 'a'")
+
+
+def test_views_come_in_dependency_order_with_their_text():
+    views = parse_views(
+        "-- reads a view defined below\nCREATE MATERIALIZED VIEW top AS SELECT k FROM base;\n"
+        "CREATE TEMPORARY VIEW base AS\n  SELECT k AS k FROM t WHERE v > 1;",
+        "views.sql",
+    )
+    assert [(v.name, v.line, v.materialized) for v in views] == [("base", 3, False), ("top", 2, True)]
+    assert views[0].text == "SELECT k AS k FROM t WHERE v > 1"
