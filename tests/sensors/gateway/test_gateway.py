@@ -3,17 +3,20 @@ records, every line once and in order per source, across a restart from the curs
 
 import os
 import socket
+import struct
 import time
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from circuits.daemon import free_port
 from sensors.broker import ensure_topics, local_producer_config
-from sensors.decode import gateway_range
+from sensors.decode import gateway_range, read_ranges
 from sensors.gateway.config import FilesSpec, GatewaySpec, TcpSpec
 from sensors.gateway.control import call, running_url
 from sensors.gateway.gateway import Gateway
 from sensors.kafka import KafkaClient, consumer_config
+from storage.logs import Range
 
 
 def lines_in(bootstrap: str, topic: str) -> dict[str, list[bytes]]:
@@ -34,6 +37,13 @@ def lines_in(bootstrap: str, topic: str) -> dict[str, list[bytes]]:
     finally:
         consumer.close()
     return found
+
+
+def connection_id(gateway: Gateway, group: str, client_port: int) -> str:
+    """The source id the gateway gave the connection from ``client_port``."""
+    prefix = f"{group}:127.0.0.1:{client_port}#"
+    wait_until(lambda: any(n.startswith(prefix) for n in gateway.status()["sources"]))
+    return next(n for n in gateway.status()["sources"] if n.startswith(prefix))
 
 
 def wait_until(predicate, timeout: float = 30.0) -> None:
@@ -87,10 +97,11 @@ def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, 
         data = b"\n".join(records) + b"\n"
         for start in range(0, len(data), 37):
             device.sendall(data[start:start + 37])
-        sent[f"dev:127.0.0.1:{device.getsockname()[1]}"] = records
+        sent[device.getsockname()[1]] = records
     for device in devices:
         device.close()
     wait_until(lambda: all(f["status"] == "finished" for n, f in gateway.status()["sources"].items() if n.startswith("dev:")))
+    sent = {connection_id(gateway, "dev", port): records for port, records in sent.items()}
     # The files are found by polling their directory, so they may land after the connections.
     wait_for_lines(broker.bootstrap, topic, written | sent)
     assert running_url(home) == gateway.control.url
@@ -152,3 +163,40 @@ def test_a_truncated_file_resumes_at_its_generation_after_a_restart(broker, topi
         assert lines_in(broker.bootstrap, topic) == {key: before, f"{key}#2": after}
     finally:
         restarted.stop()
+
+
+def test_a_device_reconnecting_from_a_port_it_used_before_loses_no_line(spark, broker, topic, tmp_path):
+    """Two connections one after the other from the same client port, 20 then 10 lines:
+    each is a source of its own (its byte ranges start at 0), so the step's reader keeps
+    all 30 rather than taking the second connection's lines for a re-send of the first's."""
+    spec, home = GatewaySpec(buffers=8, buffer_size=256), str(tmp_path / "gateway")
+    gateway = Gateway(spec, [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)], broker.bootstrap,
+                      local_producer_config(), home, timeout=10)
+    gateway.start()
+    host, port = gateway.status()["listeners"]["dev"].split(":")
+    client_port = free_port()
+    try:
+        for first, count in ((0, 20), (20, 10)):
+            device = socket.socket()
+            device.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            device.bind(("127.0.0.1", client_port))
+            device.connect((host, int(port)))
+            data = b"".join(b'{"n": %d}\n' % n for n in range(first, first + count))
+            device.sendall(data)
+            wait_until(lambda: any(f["status"] == "running" and f["bytes"] == len(data)
+                                   for f in gateway.status()["sources"].values()))
+            # Reset rather than closed: no TIME_WAIT keeps the port from the next connection.
+            device.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            device.close()
+            wait_until(lambda: all(f["status"] != "running" for f in gateway.status()["sources"].values()))
+        gateway.flush()
+    finally:
+        gateway.stop()
+    high = KafkaClient(broker.bootstrap).offsets([topic])
+    ranges = [Range(t, p, 0, end) for (t, p), (_, end) in high.items()]
+    decoded = read_ranges(spark, broker.bootstrap, None, ranges, {topic: "n bigint"})
+    try:
+        assert sorted(r.n for r in decoded.inputs[topic].collect()) == list(range(30))
+    finally:
+        decoded.unpersist()
+
