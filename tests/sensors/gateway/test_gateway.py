@@ -1,10 +1,12 @@
 """The gateway against the real broker: files and TCP connections land in a topic as whole
 records, every line once and in order per source, across a restart from the cursors."""
 
+import gc
 import os
 import socket
 import struct
 import time
+import warnings
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -200,3 +202,17 @@ def test_a_device_reconnecting_from_a_port_it_used_before_loses_no_line(spark, b
     finally:
         decoded.unpersist()
 
+
+def test_the_status_of_a_stopped_gateway_leaves_no_coroutine_unawaited(broker, topic, tmp_path):
+    """``dbsp gateway`` prints the figures after the stop (on SIGTERM): asking a closed
+    loop for a worker's figures must not leave the coroutine it made behind."""
+    gateway = Gateway(GatewaySpec(buffers=8, buffer_size=256), [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)],
+                      broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway.start()
+    gateway.stop()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        workers = gateway.status()["workers"]
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+    assert [w["phase"] for w in workers] == ["stopped"]
