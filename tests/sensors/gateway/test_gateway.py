@@ -216,3 +216,61 @@ def test_the_status_of_a_stopped_gateway_leaves_no_coroutine_unawaited(broker, t
         gc.collect()
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
     assert [w["phase"] for w in workers] == ["stopped"]
+
+
+NO_PERIODIC_COMMITS = {"cursor_commit_seconds": 3600, "cursor_commit_bytes": 1 << 40}
+
+
+def crash(gateway: Gateway, home: str) -> None:
+    """The gateway dies as on ``kill -9``: it stops reading and commits nothing more."""
+    gateway.executor.stop()
+    gateway.delivery.close()
+    gateway.control.stop(home)
+
+
+def test_a_gateway_that_dies_before_its_first_commit_resends_nothing_after_its_restart(broker, topic, tmp_path):
+    """No cursor was ever committed: the restarted gateway reads every partition of its
+    topics back from the start and resumes each file where its bytes on the broker end."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    groups = [FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log")]
+    spec, home = GatewaySpec(buffers=16, buffer_size=256, **NO_PERIODIC_COMMITS), str(tmp_path / "gateway")
+    written: dict[str, list[bytes]] = {}
+
+    def append(path, first: int, count: int) -> None:
+        lines = [f'{{"n": {n}}}'.encode() for n in range(first, first + count)]
+        with open(path, "ab") as f:
+            f.write(b"\n".join(lines) + b"\n")
+        written.setdefault(str(path), []).extend(lines)
+
+    gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    gateway.start()
+    for i in range(4):
+        append(landing / f"f{i}.log", 0, 60)
+    wait_for_lines(broker.bootstrap, topic, written)
+    crash(gateway, home)
+    for i in range(4):
+        append(landing / f"f{i}.log", 60, 10)
+    restarted = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    restarted.start()
+    try:
+        wait_until(lambda: all(restarted.status()["sources"].get(p, {}).get("acked") == os.path.getsize(p) for p in written))
+        assert lines_in(broker.bootstrap, topic) == written
+    finally:
+        restarted.stop()
+
+
+def test_the_cursors_are_committed_without_a_flush(broker, topic, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    groups = [FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log")]
+    spec = GatewaySpec(buffers=16, buffer_size=256, cursor_commit_seconds=0.2)
+    gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway.start()
+    try:
+        path = landing / "f.log"
+        path.write_bytes(b"".join(b'{"n": %d}\n' % n for n in range(100)))
+        committed = lambda: gateway.cursors.load().positions.get((topic, str(path)))
+        wait_until(lambda: committed() == path.stat().st_size)
+    finally:
+        gateway.stop()
