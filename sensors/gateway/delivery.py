@@ -108,6 +108,7 @@ class Delivery:
         # Per partition: the highest offset acknowledged, the read-back start when nothing is pending.
         self._high: dict[tuple[str, int], int] = {}
         self._commit_bytes = commit_bytes
+        self._read_back_before: dict[tuple[str, int], int] = {}
         self.unsaved = 0
         """Bytes acknowledged since the last commit of the cursors (see :meth:`saved`)."""
         self.commit_due = threading.Event()
@@ -239,12 +240,19 @@ class Delivery:
         partition the offset from which every message beyond those prefixes lies."""
         with self._lock:
             positions = {(s.topic, name): s.acked for name, s in self._sources.items() if s.rereadable}
-            read_back = {p: o + 1 for p, o in self._high.items()}
+            # A partition this process had nothing acknowledged in keeps the read-back offset it
+            # started from: without one, the next start would read it whole.
+            read_back = self._read_back_before | {p: o + 1 for p, o in self._high.items()}
             for s in self._sources.values():
                 # Out-of-order acknowledgements: the read-back starts at the earliest beyond a cursor.
                 for p, offset in s.partition_offsets.values():
                     read_back[p] = min(read_back[p], offset)
         return Cursors(positions, read_back)
+
+    def read_back_from(self, committed: dict[tuple[str, int], int]) -> None:
+        """The read-back offsets of the cursors this process started from."""
+        with self._lock:
+            self._read_back_before = dict(committed)
 
     def saved(self, unsaved: int) -> None:
         """The cursors taken when ``unsaved`` bytes were unsaved are committed."""

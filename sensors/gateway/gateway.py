@@ -102,6 +102,7 @@ class Gateway:
         topics = [group.topic for group in self.groups]
         self._resume = resume_positions(committed,
                                         acknowledged_since(*self._kafka, committed.read_back, topics, self.timeout))
+        self.delivery.read_back_from(committed.read_back)
         self.executor.start()
         self.workers.start()
         for group in self.groups:

@@ -274,3 +274,27 @@ def test_the_cursors_are_committed_without_a_flush(broker, topic, tmp_path):
         wait_until(lambda: committed() == path.stat().st_size)
     finally:
         gateway.stop()
+
+
+def test_a_restarted_gateway_keeps_the_read_back_offsets_of_partitions_it_wrote_nothing_to(broker, topic, tmp_path):
+    """Otherwise its next restart would read those partitions back from their start."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    groups = [FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log")]
+    spec, home = GatewaySpec(buffers=32, buffer_size=256), str(tmp_path / "gateway")
+    for i in range(20):  # enough files for both partitions of the topic
+        (landing / f"f{i}.log").write_bytes(b'{"n": 1}\n')
+    gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    gateway.start()
+    wait_until(lambda: len(gateway.status()["sources"]) == 20 and all(f.get("acked") for f in gateway.status()["sources"].values()))
+    gateway.flush()
+    gateway.stop()
+    committed = gateway.cursors.load().read_back
+    assert {p for _, p in committed} == {0, 1}
+    restarted = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    restarted.start()
+    try:
+        restarted.flush()  # nothing new was written: no acknowledgement in this process
+    finally:
+        restarted.stop()
+    assert restarted.cursors.load().read_back == committed
