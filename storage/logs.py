@@ -39,6 +39,7 @@ from .errors import (
     OutputMismatchError,
     StepOrderError,
 )
+from .faults import failpoint
 
 STEP = "_step"
 DEAD_LETTERS = "_dead_letters"
@@ -279,6 +280,7 @@ class InputLog:
         taken_files = written.pop(TAKEN, None)
         if taken_files is not None and taken_files.actions:  # no empty version a step where no source is byte-ranged
             commit(taken_files, "taken", step)
+            failpoint("after_taken", step)
         for files in written.values():
             commit(files, "input", step)
 

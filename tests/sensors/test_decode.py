@@ -15,6 +15,7 @@ from sensors.errors import OffsetsLostError, SourceError
 from sensors.ingest import KafkaSource, ingest
 from sensors.kafka import KafkaClient
 from storage.delta import open_table
+from storage.faults import InjectedCrash
 from storage.logs import Range
 from storage.pipeline import Pipeline
 
@@ -200,7 +201,9 @@ def test_bytes_taken_by_another_task_or_an_earlier_step_are_dropped(spark, broke
         decoded.unpersist()
 
 
-def test_a_step_drops_the_bytes_earlier_steps_took_and_reads_again_the_same(spark, broker, client, new_topic, tmp_path):
+def test_a_step_drops_the_bytes_earlier_steps_took_and_reads_again_the_same(
+    spark, broker, client, new_topic, tmp_path, monkeypatch
+):
     topic = new_topic(1)
     sent = resent_across_tasks(topic)
     client.produce(topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent])
@@ -208,10 +211,16 @@ def test_a_step_drops_the_bytes_earlier_steps_took_and_reads_again_the_same(spar
     source = KafkaSource(broker.bootstrap, {"bids": topic, "auctions": new_topic(1), "persons": new_topic(1)})
     pipeline.divisions.record(0, [Range(topic, 0, 0, 2)])
     pipeline.divisions.record(1, [Range(topic, 0, 2, 4)])
-    for step in (0, 1):
-        ingest(pipeline, source, step)
+    ingest(pipeline, source, 0)
+    # Step 1 dies after it kept what it took, before its inputs: read again, it drops the same.
+    monkeypatch.setenv("DBSP_FAULT", "after_taken:1")
+    monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
+    with pytest.raises(InjectedCrash):
+        ingest(pipeline, source, 1)
+    assert not pipeline.inputs.persisted(1)
+    monkeypatch.delenv("DBSP_FAULT")
+    ingest(pipeline, source, 1)
     auctions = lambda step: sorted(r.auction for r in pipeline.inputs.read(step).deltas["bids"].collect())
     assert (auctions(0), auctions(1)) == ([0, 1], [2])
-    # What step 1 drops depends on the steps before it only: read again, it drops the same.
     assert pipeline.inputs.taken_before(1) == {(topic, "s1"): len(bid(0) + bid(1)) + 2}
     assert pipeline.inputs.taken_before(2) == {(topic, "s1"): len(bid(0) + bid(1) + bid(2)) + 3}
