@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from sensors.gateway.config import GatewaySpec
-from storage.cursors import CursorStore, Cursors
+from storage.cursors import Cursors, CursorStore
 
 
 def measure(sources: int, commits: int) -> dict:

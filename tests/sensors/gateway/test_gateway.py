@@ -185,8 +185,9 @@ def test_a_device_reconnecting_from_a_port_it_used_before_loses_no_line(spark, b
             device.connect((host, int(port)))
             data = b"".join(b'{"n": %d}\n' % n for n in range(first, first + count))
             device.sendall(data)
-            wait_until(lambda: any(f["status"] == "running" and f["bytes"] == len(data)
-                                   for f in gateway.status()["sources"].values()))
+            size = len(data)
+            wait_until(lambda size=size: any(f["status"] == "running" and f["bytes"] == size
+                                             for f in gateway.status()["sources"].values()))
             # Reset rather than closed: no TIME_WAIT keeps the port from the next connection.
             device.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             device.close()
