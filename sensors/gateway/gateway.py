@@ -11,8 +11,9 @@ from its committed cursor, advanced over the messages the broker holds since tha
 earliest offset), following the source's byte ranges while they are contiguous.  So a
 restart after a crash re-sends nothing the broker has, whatever the time since the last
 commit; what a crash loses is only what the broker had not acknowledged, and a file
-source reads that again.  A TCP stream cannot be read again: its bytes not yet acknowledged when the
-gateway dies are lost (the device's connection breaks; it reconnects to the new gateway).
+source reads that again.  A TCP stream cannot be read again: its bytes not yet
+acknowledged when the gateway dies are lost (the device's connection breaks; it
+reconnects to the new gateway).
 """
 
 from __future__ import annotations

@@ -114,10 +114,7 @@ def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, 
     for path in files.values():
         append(path, 50, 20)
     wait_for_lines(broker.bootstrap, topic, written | sent)
-    # A crash: the gateway dies without committing its cursors again.
-    gateway.executor.stop()
-    gateway.delivery.close()
-    gateway.control.stop(home)
+    crash(gateway, home)  # it dies without committing its cursors again
     for path in files.values():
         append(path, 70, 30)
     restarted = Gateway(spec, groups, broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
@@ -224,6 +221,9 @@ NO_PERIODIC_COMMITS = {"cursor_commit_seconds": 3600, "cursor_commit_bytes": 1 <
 
 def crash(gateway: Gateway, home: str) -> None:
     """The gateway dies as on ``kill -9``: it stops reading and commits nothing more."""
+    gateway._stopping.set()
+    gateway.delivery.commit_due.set()
+    gateway._committer.join()
     gateway.executor.stop()
     gateway.delivery.close()
     gateway.control.stop(home)
