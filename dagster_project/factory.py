@@ -35,7 +35,8 @@ from circuits.sharding import Layout
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
 from sensors.gateway.errors import GatewayError
-from sensors.gateway.control import call, figures_of_steps, flush_running, record_figures, require_running
+from sensors.gateway.control import (call, figures_of_steps, flush_running, record_figures, record_unflushed,
+                                     require_running, unflushed_steps)
 from sensors.ingest import KafkaSource, run_steps
 from sensors.status import report
 from storage import inspect, views
@@ -56,8 +57,10 @@ def step_key(step: int) -> str:
 def build_definitions(project: ProjectSpec) -> Definitions:
     """Every pipeline of ``project``, with the project's resources."""
     gateway = [Definitions(jobs=[_gateway_rescale_job()])] if project.sources else []
+    gateway_topics = frozenset(group.topic for group in project.sources)
     return Definitions.merge(
-        *(build_pipeline(spec) for spec in project.pipelines), *gateway, Definitions(resources=build_resources(project))
+        *(build_pipeline(spec, gateway_topics) for spec in project.pipelines), *gateway,
+        Definitions(resources=build_resources(project)),
     )
 
 
@@ -77,8 +80,9 @@ def _gateway_rescale_job():
     return _one_op_job("gateway_rescale", rescale, {})
 
 
-def build_pipeline(spec: PipelineSpec) -> Definitions:
-    """Everything Dagster needs to run ``spec``: assets, checks, sensor and jobs."""
+def build_pipeline(spec: PipelineSpec, gateway_topics: frozenset[str] = frozenset()) -> Definitions:
+    """Everything Dagster needs to run ``spec``: assets, checks, sensor and jobs.
+    ``gateway_topics``: the topics the project's source gateway writes to."""
     partitions = DynamicPartitionsDefinition(name=f"{spec.name}_steps")
     steps = _step_assets(spec, partitions)
     # One op per job: the run's own process executes it (the default executor would start
@@ -92,7 +96,8 @@ def build_pipeline(spec: PipelineSpec) -> Definitions:
         f"{spec.name}_rescale", selection=[layout], tags={PIPELINE_TAG: spec.name}, executor_def=in_process_executor
     )
     jobs = [step_job, rescale_job, *_maintenance_jobs(spec)]
-    return Definitions(assets=[steps, layout], jobs=jobs, sensors=[_offset_sensor(spec, partitions, step_job)])
+    fed = bool(gateway_topics & set(spec.sources.values()))
+    return Definitions(assets=[steps, layout], jobs=jobs, sensors=[_offset_sensor(spec, partitions, step_job, fed)])
 
 
 def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource) -> Pipeline:
@@ -206,17 +211,27 @@ def _step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dic
         metadata[f"rows_in/{handle}"] = MetadataValue.int(inspect.rows_of_steps(pipeline.inputs.uri(handle), first, last))
     for phase, seconds in pipeline.timings.items():
         metadata[f"seconds/{phase}"] = MetadataValue.float(round(seconds, 3))
+    unflushed = unflushed_steps(pipeline.root, first, last)
+    if unflushed:
+        metadata["gateway/unflushed_cuts"] = MetadataValue.md(
+            "cut without the gateway's flush (see the README, \"The source gateway\")\n\n| step | why |\n|---|---|\n"
+            + "\n".join(f"| {step} | {reason} |" for step, reason in unflushed.items())
+        )
     return metadata | _gateway_metadata(figures_of_steps(pipeline.root, first, last))
 
 
-def _flush_gateway() -> dict | None:
-    """The running gateway's figures after its flush; a gateway that does not answer must
-    not hold up the steps (its records wait for the next tick), so that is logged only."""
+def _flush_gateway(fed: bool) -> tuple[dict | None, str | None]:
+    """The running gateway's figures after its flush, or why it could not flush (None when
+    no gateway runs and ``fed``, whether the pipeline reads a gateway topic, is false).  A
+    gateway that does not answer must not hold up the steps: the step is cut without it."""
     try:
-        return flush_running(home("gateway"))
+        figures = flush_running(home("gateway"))
     except GatewayError as e:
-        logging.getLogger(__name__).warning("%s", e)
-        return None
+        return None, str(e)
+    if figures is None and fed:
+        return None, (f"no gateway runs with its state in {home('gateway')}: start it (dbsp gateway) with the "
+                      "same DBSP_HOME as the sensor")
+    return figures, None
 
 
 def _gateway_metadata(sources: dict | None, shown: int = 20) -> dict:
@@ -238,7 +253,7 @@ def _gateway_metadata(sources: dict | None, shown: int = 20) -> dict:
     }
 
 
-def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, step_job):
+def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, step_job, gateway_fed: bool):
     policy = DivisionPolicy(spec.max_records_per_step, spec.max_wait_seconds)
 
     @sensor(
@@ -249,12 +264,14 @@ def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, 
         description=f"Cuts the next step of {spec.name!r} from its topics' end offsets and requests its run.",
     )
     def offsets(context: SensorEvaluationContext, store: StoreResource, kafka: KafkaResource):
-        return evaluate_sensor(spec, policy, partitions, context.instance, store.pipeline_root(spec.name), kafka)
+        return evaluate_sensor(spec, policy, partitions, context.instance, store.pipeline_root(spec.name), kafka,
+                               gateway_fed, context.log)
 
     return offsets
 
 
-def evaluate_sensor(spec, policy, partitions, instance, root: str, kafka: KafkaResource):
+def evaluate_sensor(spec, policy, partitions, instance, root: str, kafka: KafkaResource, gateway_fed: bool = False,
+                    log: logging.Logger | None = None):
     """One tick.  The division log, not the cursor, is the truth: every divided step that is
     not committed is (re)requested with ``run_key`` = pipeline and step, which Dagster runs
     once; so a tick that died after recording a division loses nothing."""
@@ -262,10 +279,16 @@ def evaluate_sensor(spec, policy, partitions, instance, root: str, kafka: KafkaR
         source = kafka.source(spec)
         # Demand-based flush (seed 004): the gateway hands over its partly filled buffers now,
         # so the step about to be cut holds every record it has read.
-        figures = _flush_gateway()
+        figures, unflushed = _flush_gateway(gateway_fed)
         cut = cut_next(DivisionLog(root), source.client(), list(source.topics.values()), policy)
     except SourceError as e:
         return SkipReason(f"{spec.name}: nothing recorded: {e}")
+    if unflushed is not None and cut.step is not None:
+        (log or logging.getLogger(__name__)).warning(
+            f"{spec.name}: step {cut.step} was cut without the gateway's flush: {unflushed}. Records the gateway read "
+            "but had not handed over go to a later step; none is lost or taken twice"
+        )
+        record_unflushed(root, cut.step, unflushed)
     if figures is not None and cut.step is not None:
         record_figures(root, cut.step, figures)
     position = status(root)

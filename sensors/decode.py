@@ -11,8 +11,17 @@ source's raw bytes: newline-delimited records, whole (the gateway cuts its buffe
 newline), with the source id as key and the byte range in header :data:`RANGE_HEADER`.
 Its records are framed here, each validated as above; a dead letter's reason names the
 source and the record's bytes.  A piece of a record longer than the gateway's buffer
-(header :data:`PARTIAL_HEADER`) is a dead letter.  A message whose bytes a read task has
-read already (the gateway re-sent it after a crash) is dropped.
+(header :data:`PARTIAL_HEADER`) is a dead letter.
+
+Bytes of a source taken once are never taken again (a gateway re-sends bytes after a
+refused delivery, or after a crash that came before the broker's acknowledgement or the
+cursor's commit).  A source's messages are in one partition, in the order of their byte
+ranges; the read of a step starts from ``taken``, the end of each source's bytes that
+earlier steps took (kept in the input log, see :meth:`storage.logs.InputLog.taken_before`),
+and a task drops the records below what it took since.  When a partition's range is read
+by several tasks, a record is kept only in the copy at its lowest offset (records of
+copies start at the same bytes: messages are cut after newlines).  So the rows of a step
+depend only on its ranges and the steps before it: a replayed read gives the same rows.
 
 A keyed log's topic (KLogs, declared with :data:`circuits.klogs.RECORD_SCHEMA`) is read
 as records: the message key and the value (each any JSON value), with the record's
@@ -33,6 +42,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, M
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql import Window
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from circuits.errors import raised_on_executor
@@ -73,6 +83,10 @@ _RAW_SCHEMA = T.StructType(
         T.StructField("weight", T.LongType()),
         T.StructField("reason", T.StringType()),
         T.StructField("timestamp", T.LongType()),
+        # A gateway record: where its bytes start in its source.
+        T.StructField("position", T.LongType()),
+        # Not a record: the end of the bytes of source ``key`` a task took (see ``_read_tasks``).
+        T.StructField("taken", T.LongType()),
     ]
 )
 _RAW_ARROW = to_arrow_schema(_RAW_SCHEMA)
@@ -188,9 +202,8 @@ def _records(topic: str, partition: int, message: Message, fields: Fields, seen:
         yield _row(topic, partition, message.offset(), key, message.value(), fields)
         return
     start, end, partial = framed
-    # Bytes below ``read`` came in an earlier message of this source: sent again by a
-    # gateway that crashed or re-read them after a refused delivery.  Records start at the
-    # same bytes in both (messages are cut after newlines), so whole records are skipped.
+    # Bytes below ``read`` were taken from an earlier message of this source (see the
+    # module): whole records are skipped.
     read = seen.get((topic, key), 0)
     if read >= end:
         return
@@ -199,13 +212,13 @@ def _records(topic: str, partition: int, message: Message, fields: Fields, seen:
         yield {"topic": topic, "partition": partition, "offset": message.offset(), "key": key,
                "value": message.value().decode("utf-8", errors="backslashreplace"), "weight": None,
                "reason": f"source {key!r} bytes {start}-{end}: part of a record longer than the gateway's buffers; "
-                         "raise gateway.buffer_size above the longest record"}
+                         "raise gateway.buffer_size above the longest record", "position": start}
         return
     position = start
     for line in (message.value() or b"").split(b"\n"):
         if line.strip() and position >= read:
             where = f"source {key!r} bytes {position}-{position + len(line)}: "
-            yield _row(topic, partition, message.offset(), key, line, fields, where)
+            yield _row(topic, partition, message.offset(), key, line, fields, where) | {"position": position}
         position += len(line) + 1
 
 
@@ -279,11 +292,14 @@ def undelivered(chunk: tuple[str, int, int, int], position: int, watermarks: tup
 
 
 def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, Fields], timeout: float,
-                chunks: list[tuple[str, int, int, int]], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` body, run on an executor: one batch of rows per chunk number it is given."""
+                chunks: list[tuple[str, int, int, int]], taken: dict[tuple[str, str], int],
+                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` body, run on an executor: one batch of rows per chunk number it
+    is given, then a row per gateway source it took bytes of, with the end of those bytes
+    in ``taken``."""
     settings = consumer_config(bootstrap_servers, {**READER_CONFIG, **(config or {})})
     consumer = Consumer(settings)
-    seen: dict[tuple[str, str], int] = {}
+    seen = dict(taken)
     try:
         for batch in batches:
             for i in batch.column("id").to_pylist():
@@ -292,6 +308,8 @@ def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, F
                 yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
     finally:
         consumer.close()
+    ends = [{"topic": t, "key": k, "taken": end} for (t, k), end in seen.items() if taken.get((t, k)) != end]
+    yield pa.RecordBatch.from_pylist(ends, schema=_RAW_ARROW)
 
 
 def read_failed(error: BaseException) -> SourceError | None:
@@ -322,6 +340,9 @@ class Decoded:
 
     inputs: dict[str, DataFrame]
     dead_letters: DataFrame
+    taken: DataFrame
+    """Per gateway source (``topic``, ``source``): the ``end`` of its bytes taken so far
+    (:data:`storage.logs.TAKEN_SCHEMA`; a source may have several rows: the largest counts)."""
     raw: DataFrame = field(repr=False)
 
     def unpersist(self) -> None:
@@ -330,7 +351,7 @@ class Decoded:
 
 
 def _zset(raw: DataFrame, topic: str, schema: T.StructType) -> DataFrame:
-    valid = raw.where((F.col("topic") == topic) & F.col("reason").isNull())
+    valid = raw.where((F.col("topic") == topic) & F.col("reason").isNull() & F.col("taken").isNull())
     if fields_of(schema) == KEYED:
         return valid.select(*schema.names, F.col("weight").alias(WEIGHT))
     # Values were validated, so a parse that would null a field fails instead.
@@ -346,10 +367,13 @@ def read_ranges(
     schemas: dict[str, T.StructType | str],
     timeout: float = 30.0,
     chunk_size: int = CHUNK,
+    taken: dict[tuple[str, str], int] | None = None,
 ) -> Decoded:
     """Plans consuming exactly ``ranges`` on the executors, once, and decoding each topic's
     records with its schema in ``schemas`` (topic: columns without the weight).  No Spark
-    job runs here: the first job over the result reads the broker.
+    job runs here: the first job over the result reads the broker.  ``taken``: per gateway
+    source ``(topic, source id)``, the end of its bytes that earlier steps took (dropped
+    when sent again).
 
     A job over the result fails when the broker delivers nothing new of a range for
     ``timeout`` seconds (a limit on no progress: a large range takes as long as it needs):
@@ -363,11 +387,27 @@ def read_ranges(
     chunks = _chunks(ranges, chunk_size)
     # One partition per chunk, holding the chunk's number: each range piece is its own task.
     tasks = spark.range(0, len(chunks), 1, max(len(chunks), 1))
-    reader = partial(_read_tasks, bootstrap_servers, client_config, fields, timeout, chunks)
+    reader = partial(_read_tasks, bootstrap_servers, client_config, fields, timeout, chunks, taken or {})
     # Cached: every frame below reads the broker's records once, in the first job over them.
     raw = map_in_arrow(tasks, reader, _RAW_SCHEMA, ["id"]).persist()
+    records = _first_copies(raw) if _split(chunks) else raw
     return Decoded(
-        inputs={topic: _zset(raw, topic, parse_schema(schema)) for topic, schema in schemas.items()},
-        dead_letters=raw.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_SCHEMA.names),
+        inputs={topic: _zset(records, topic, parse_schema(schema)) for topic, schema in schemas.items()},
+        dead_letters=records.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_SCHEMA.names),
+        taken=raw.where(F.col("taken").isNotNull()).select("topic", F.col("key").alias("source"), F.col("taken").alias("end")),
         raw=raw,
     )
+
+
+def _split(chunks: list[tuple[str, int, int, int]]) -> bool:
+    """Whether a partition is read by more than one task."""
+    return len({(topic, partition) for topic, partition, _, _ in chunks}) < len(chunks)
+
+
+def _first_copies(raw: DataFrame) -> DataFrame:
+    """The rows without the gateway records that a task of a split partition took again:
+    of the copies of a record (its source's bytes from one position), the one at the
+    lowest offset."""
+    copies = Window.partitionBy("topic", "key", "position").orderBy("offset")
+    framed = raw.where(F.col("position").isNotNull()).withColumn("_copy", F.row_number().over(copies))
+    return raw.where(F.col("position").isNull()).unionByName(framed.where(F.col("_copy") == 1).drop("_copy"))

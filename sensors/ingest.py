@@ -35,12 +35,14 @@ def ingest(pipeline: Pipeline, source: KafkaSource, step: int) -> None:
     if step >= pipeline.divisions.next_step():
         raise StepOrderError(f"step {step} has no recorded division yet: the sensor has not cut it")
     schemas = {source.topics[h]: s for h, s in pipeline.circuit.inputs.items()}
-    decoded = read_ranges(pipeline.spark, source.bootstrap_servers, source.config, ranges, schemas, source.read_timeout)
+    decoded = read_ranges(pipeline.spark, source.bootstrap_servers, source.config, ranges, schemas, source.read_timeout,
+                          taken=pipeline.inputs.taken_before(step))
     # A topic with no offsets in the step is an empty input, known so without reading.
     read = {r.source for r in ranges if r.end > r.start}
     try:
         inputs = {h: decoded.inputs[t] for h, t in source.topics.items() if t in read}
-        pipeline.inputs.persist(step, inputs, decoded.dead_letters if read else None)
+        dead_letters, taken = (decoded.dead_letters, decoded.taken) if read else (None, None)
+        pipeline.inputs.persist(step, inputs, dead_letters, taken)
     except StorageError as e:
         # The job failed before anything was committed: the step stays unpersisted.
         raise read_failed(e) or e

@@ -58,7 +58,7 @@ class CursorStore:
             table = ensure_table(self.uri, CURSOR_SCHEMA)
             write_deltalake(table, pa.Table.from_pylist(rows, schema=CURSOR_SCHEMA), mode="overwrite")
             if table.version() % VACUUM_EVERY == 0:
-                # A commit per sensor tick: the files of overwritten versions go once an hour old.
+                # A commit a second while bytes are acknowledged: the files of overwritten versions go once an hour old.
                 table.vacuum(retention_hours=1, enforce_retention_duration=False, dry_run=False)
             return table.version()
         except (CommitFailedError, OSError) as e:

@@ -21,7 +21,7 @@ POINTS = (
     "during_state",
     "during_commit",
     "after_commit",
-)  # the storage workload's points; the sensor has its own, sensor_after_division
+)  # the storage workload's points; the sensor has its own, sensor_after_division, and the input log after_taken
 
 
 class InjectedCrash(BaseException):

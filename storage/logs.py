@@ -39,6 +39,7 @@ from .errors import (
     OutputMismatchError,
     StepOrderError,
 )
+from .faults import failpoint
 
 STEP = "_step"
 DEAD_LETTERS = "_dead_letters"
@@ -188,6 +189,13 @@ DEAD_LETTER_SCHEMA = T.StructType(
 )
 
 
+TAKEN_SCHEMA = T.StructType(
+    [T.StructField("topic", T.StringType()), T.StructField("source", T.StringType()), T.StructField("end", T.LongType())]
+)
+"""A row of the bytes taken of a source (a gateway's): ``end``, the end of those a step read."""
+TAKEN = "_taken"
+
+
 @dataclass(frozen=True)
 class StepInput:
     deltas: dict[str, DataFrame]
@@ -207,6 +215,9 @@ class InputLog:
     """Each step's input Z-sets, persisted per input handle under ``<root>/inputs``, so a
     replay never depends on the source's retention.  Records that could not be decoded
     go to the dead-letter table ``<root>/_dead_letters`` with their step, offset and reason.
+    The end of the bytes each step took of each byte-ranged source (a source gateway's) goes
+    to ``<root>/_taken`` (:data:`TAKEN_SCHEMA`), committed before the step's inputs: the
+    read of a later step drops those bytes when a source sends them again.
     """
 
     def __init__(self, spark: SparkSession, root: str, schemas: dict[str, T.StructType]) -> None:
@@ -221,19 +232,36 @@ class InputLog:
     def dead_letters_uri(self) -> str:
         return dead_letters_uri(self.root)
 
+    @property
+    def taken_uri(self) -> str:
+        return os.path.join(self.root, TAKEN)
+
     def persisted(self, step: int) -> bool:
         return all(_recorded(self.uri(h), "input", step) for h in self.schemas)
+
+    def taken_before(self, step: int) -> dict[tuple[str, str], int]:
+        """Per ``(topic, source)``: the end of the bytes steps before ``step`` took.  Only
+        earlier steps count, so a step read again (a crash before its inputs were
+        committed) drops exactly what its first read dropped."""
+        table = open_table(self.taken_uri)
+        if table is None:
+            return {}
+        rows = dataset(table, [(STEP, "<", step)]).to_table(filter=pc.field(STEP) < step)
+        ends = rows.group_by(["topic", "source"]).aggregate([("end", "max")]).to_pylist()
+        return {(r["topic"], r["source"]): r["end_max"] for r in ends}
 
     def persist(
         self,
         step: int,
         inputs: dict[str, DataFrame],
         dead_letters: DataFrame | None = None,
+        taken: DataFrame | None = None,
     ) -> None:
-        """Writes ``step``'s input for every handle (absent handles: empty) and its dead
-        letters (``DEAD_LETTER_SCHEMA``), once, with one Spark job (none when every input
-        is absent).  The dead letters are committed before the inputs, whose commits mark
-        the step persisted; a failed job commits nothing."""
+        """Writes ``step``'s input for every handle (absent handles: empty), its dead
+        letters (``DEAD_LETTER_SCHEMA``) and the bytes it took (``TAKEN_SCHEMA``), once,
+        with one Spark job (none when every input is absent).  The dead letters and the
+        bytes taken are committed before the inputs, whose commits mark the step
+        persisted; a failed job commits nothing."""
         todo = {h: s for h, s in self.schemas.items() if not _recorded(self.uri(h), "input", step)}
         if not todo:
             return
@@ -244,13 +272,20 @@ class InputLog:
                 written[handle] = WrittenFiles(self.uri(handle), arrow_schema(_step_schema(schema)), [])
             else:
                 parts[handle] = (self.uri(handle), df)
-        if dead_letters is not None and not _recorded(self.dead_letters_uri, "dead_letter", step):
-            parts[DEAD_LETTERS] = (self.dead_letters_uri, dead_letters.select(*DEAD_LETTER_SCHEMA.names))
+        before = {DEAD_LETTERS: (self.dead_letters_uri, "dead_letter", dead_letters, DEAD_LETTER_SCHEMA),
+                  TAKEN: (self.taken_uri, "taken", taken, TAKEN_SCHEMA)}
+        for name, (uri, app_id, df, schema) in before.items():
+            if df is not None and not _recorded(uri, app_id, step):
+                parts[name] = (uri, df.select(*schema.names))
         if parts:
             step_column = F.lit(step).cast("bigint")
             written |= write_tables({n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()})
         if DEAD_LETTERS in written:
             commit(written.pop(DEAD_LETTERS), "dead_letter", step)
+        taken_files = written.pop(TAKEN, None)
+        if taken_files is not None and taken_files.actions:  # no empty version a step where no source is byte-ranged
+            commit(taken_files, "taken", step)
+            failpoint("after_taken", step)
         for files in written.values():
             commit(files, "input", step)
 

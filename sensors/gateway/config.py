@@ -66,3 +66,7 @@ class GatewaySpec(BaseModel):
     control_host: str = Field("127.0.0.1", description="address of the control endpoint (flush, status)")
     control_port: int = Field(0, ge=0, lt=65536, description="port of the control endpoint (0: any free one)")
     cursors: str = Field("", description="the Delta table of the cursors (default <DBSP_HOME>/gateway/cursors)")
+    cursor_commit_seconds: float = Field(1.0, gt=0, description="most seconds between two commits of the cursors "
+                                                                 "while the broker acknowledges bytes")
+    cursor_commit_bytes: int = Field(4 << 20, gt=0, description="acknowledged bytes after which the cursors are "
+                                                                 "committed without waiting for cursor_commit_seconds")

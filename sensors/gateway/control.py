@@ -147,6 +147,27 @@ def record_figures(root: str, step: int, figures: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+UNFLUSHED = "_gateway_unflushed"
+
+
+def record_unflushed(root: str, step: int, reason: str) -> None:
+    """Keeps why ``step`` was cut without the gateway's flush."""
+    os.makedirs(os.path.join(root, UNFLUSHED), exist_ok=True)
+    with open(os.path.join(root, UNFLUSHED, f"{step:010d}.txt"), "w") as f:
+        f.write(reason)
+
+
+def unflushed_steps(root: str, first: int, last: int) -> dict[int, str]:
+    """The steps of ``first..last`` cut without the gateway's flush, with why."""
+    directory = os.path.join(root, UNFLUSHED)
+    steps = [int(name[:10]) for name in os.listdir(directory)] if os.path.isdir(directory) else []
+    reasons = {}
+    for step in sorted(s for s in steps if first <= s <= last):
+        with open(os.path.join(directory, f"{step:010d}.txt")) as f:
+            reasons[step] = f.read()
+    return reasons
+
+
 def figures_of_steps(root: str, first: int, last: int) -> dict | None:
     """What the gateway read for steps ``first..last``: per source the bytes, waits for a
     buffer and errors between the cut before ``first`` and the cut of ``last`` (None when

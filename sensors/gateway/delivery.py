@@ -13,7 +13,8 @@ dead letters.
 A buffer goes back to the pool when the broker acknowledged its message, so an
 unacknowledged backlog holds buffers and stops sources from reading (backpressure).  A
 source's cursor is the end of the longest acknowledged prefix of its bytes; only that is
-committed.
+committed.  :attr:`Delivery.commit_due` is set once ``commit_bytes`` were acknowledged
+since the last commit, so the gateway commits them without waiting for a flush.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class Delivery:
         config: dict | None,
         release: Callable[[Buffer], None],
         on_failure: Callable[[str, int], None],
+        commit_bytes: int = 1 << 22,
     ) -> None:
         # Idempotence: a retried request is neither written twice nor reordered.  The step's
         # reader skips a source's bytes below what it already read, so a later range landing
@@ -105,6 +107,12 @@ class Delivery:
         self._lock = threading.Lock()
         # Per partition: the highest offset acknowledged, the read-back start when nothing is pending.
         self._high: dict[tuple[str, int], int] = {}
+        self._commit_bytes = commit_bytes
+        self._read_back_before: dict[tuple[str, int], int] = {}
+        self.unsaved = 0
+        """Bytes acknowledged since the last commit of the cursors (see :meth:`saved`)."""
+        self.commit_due = threading.Event()
+        """Set once ``unsaved`` reaches ``commit_bytes``."""
         self._running = True
         self._idle_listeners: list[Callable[[], None]] = []
         self._sent_since_idle = False
@@ -204,6 +212,9 @@ class Delivery:
 
     def _acknowledged(self, state: _Source, start: int, end: int, partition: tuple[str, int], offset: int) -> None:
         self._high[partition] = max(self._high.get(partition, -1), offset)
+        self.unsaved += end - start
+        if self.unsaved >= self._commit_bytes:
+            self.commit_due.set()
         state.pending[start] = end
         state.partition_offsets[start] = (partition, offset)
         while state.acked in state.pending:
@@ -229,12 +240,26 @@ class Delivery:
         partition the offset from which every message beyond those prefixes lies."""
         with self._lock:
             positions = {(s.topic, name): s.acked for name, s in self._sources.items() if s.rereadable}
-            read_back = {p: o + 1 for p, o in self._high.items()}
+            # A partition this process had nothing acknowledged in keeps the read-back offset it
+            # started from: without one, the next start would read it whole.
+            read_back = self._read_back_before | {p: o + 1 for p, o in self._high.items()}
             for s in self._sources.values():
                 # Out-of-order acknowledgements: the read-back starts at the earliest beyond a cursor.
                 for p, offset in s.partition_offsets.values():
                     read_back[p] = min(read_back[p], offset)
         return Cursors(positions, read_back)
+
+    def read_back_from(self, committed: dict[tuple[str, int], int]) -> None:
+        """The read-back offsets of the cursors this process started from."""
+        with self._lock:
+            self._read_back_before = dict(committed)
+
+    def saved(self, unsaved: int) -> None:
+        """The cursors taken when ``unsaved`` bytes were unsaved are committed."""
+        with self._lock:
+            self.unsaved -= unsaved
+            if self.unsaved < self._commit_bytes:
+                self.commit_due.clear()
 
     def stats(self) -> dict[str, dict]:
         """Per source: topic, bytes produced and acknowledged, messages, failures."""
@@ -252,13 +277,16 @@ class Delivery:
 
 
 def acknowledged_since(bootstrap_servers: str, config: dict | None, read_back: dict[tuple[str, int], int],
-                       timeout: float = 10.0) -> dict[tuple[str, str], dict[int, int]]:
+                       topics: Iterable[str], timeout: float = 10.0) -> dict[tuple[str, str], dict[int, int]]:
     """The byte ranges ``{start: end}`` of each ``(topic, source)`` found on the broker from
-    the ``read_back`` offsets on: what a gateway had delivered after its last cursor commit."""
+    the ``read_back`` offsets on: what a gateway had delivered after its last cursor commit.
+    A partition of ``topics`` without a read-back offset (no commit saw a message of it:
+    the gateway died before its first commit, or the partition is new) is read from its
+    earliest offset."""
     found: dict[tuple[str, str], dict[int, int]] = {}
     consumer = Consumer(consumer_config(bootstrap_servers, {"group.id": "dbsp-gateway", **(config or {})}))
     try:
-        for (topic, partition), start in read_back.items():
+        for (topic, partition), start in _read_back_starts(consumer, read_back, topics, timeout).items():
             for message in _messages(consumer, topic, partition, start, timeout):
                 framed = gateway_range(message)
                 if framed is not None:
@@ -266,6 +294,18 @@ def acknowledged_since(bootstrap_servers: str, config: dict | None, read_back: d
     finally:
         consumer.close()
     return found
+
+
+def _read_back_starts(consumer: Consumer, read_back: dict[tuple[str, int], int], topics: Iterable[str],
+                      timeout: float) -> dict[tuple[str, int], int]:
+    """Where to read back each partition of ``topics`` (and of ``read_back``) from."""
+    starts = dict(read_back)
+    for topic in set(topics):
+        metadata = consumer.list_topics(topic, timeout).topics[topic]
+        for partition in metadata.partitions if metadata.error is None else ():
+            if (topic, partition) not in starts:
+                starts[topic, partition] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout)[0]
+    return starts
 
 
 def _messages(consumer: Consumer, topic: str, partition: int, start: int, timeout: float) -> Iterable[Message]:

@@ -1,13 +1,19 @@
 """The source gateway: the configured sources, their buffer pool and executor, delivery to
 Kafka, the cursors, and the control endpoint, assembled and run (``dbsp gateway``).
 
+The cursors are committed while the gateway runs, without waiting for a flush: at most
+``gateway.cursor_commit_seconds`` after the broker acknowledged bytes, and at once after
+``gateway.cursor_commit_bytes`` of them; also on every flush and on a clean stop.
+
 Start-up resumes every re-readable source where its bytes stopped reaching the broker:
 from its committed cursor, advanced over the messages the broker holds since that commit
-(read back from the offsets committed with it), following the source's byte ranges while
-they are contiguous.  So a restart after a crash re-sends nothing the broker has; what a
-crash loses is only what the broker had not acknowledged, and a file source reads that
-again.  A TCP stream cannot be read again: its bytes not yet acknowledged when the
-gateway dies are lost (the device's connection breaks; it reconnects to the new gateway).
+(read back from the offsets committed with it; a partition no commit covers, from its
+earliest offset), following the source's byte ranges while they are contiguous.  So a
+restart after a crash re-sends nothing the broker has, whatever the time since the last
+commit; what a crash loses is only what the broker had not acknowledged, and a file
+source reads that again.  A TCP stream cannot be read again: its bytes not yet
+acknowledged when the gateway dies are lost (the device's connection breaks; it
+reconnects to the new gateway).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from storage.cursors import CursorStore, Cursors
+from storage.errors import StorageError
 
 from .config import FilesSpec, GatewaySpec, GeneratorSpec, HttpSpec, SourceSpec, TcpSpec
 from .control import ControlServer
@@ -70,7 +77,8 @@ class Gateway:
         self._kafka = (bootstrap_servers, kafka_config)
         self.cursors = CursorStore(spec.cursors or os.path.join(home, "cursors"))
         self.pool = BufferPool(spec.buffers, spec.buffer_size)
-        self.delivery = Delivery(bootstrap_servers, kafka_config, self.pool.release, self._delivery_failed)
+        self.delivery = Delivery(bootstrap_servers, kafka_config, self.pool.release, self._delivery_failed,
+                                 spec.cursor_commit_bytes)
         self.executor = AsyncSourceExecutor(self.pool, self.delivery.deliver, spec.io_threads,
                                             on_add=self._added, on_status=self._status,
                                             idle=lambda: self.delivery.idle)
@@ -79,6 +87,9 @@ class Gateway:
         self._failed: list[str] = []
         self._moving: dict[str, Moving] = {}
         self._lock = threading.Lock()
+        self._commit_lock = threading.Lock()  # periodic commits, flushes and the stop commit one at a time
+        self._stopping = threading.Event()
+        self._committer = threading.Thread(target=self._commit_periodically, name="gateway-cursors", daemon=True)
         # Each I/O thread is an ICADD worker: sources are placed by F(K, W) and move on rescale.
         self.workers = Workers(self.executor, spec.io_threads, on_moving=self._moved_here, delivery=self.delivery)
         self.listeners: dict[str, str] = {}  # TCP group: the address it listens on
@@ -89,7 +100,10 @@ class Gateway:
 
     def start(self) -> None:
         committed = self.cursors.load()
-        self._resume = resume_positions(committed, acknowledged_since(*self._kafka, committed.read_back, self.timeout))
+        topics = [group.topic for group in self.groups]
+        self._resume = resume_positions(committed,
+                                        acknowledged_since(*self._kafka, committed.read_back, topics, self.timeout))
+        self.delivery.read_back_from(committed.read_back)
         self.executor.start()
         self.workers.start()
         for group in self.groups:
@@ -97,6 +111,7 @@ class Gateway:
         # Demand-based flush (seed 004): when the broker has acknowledged everything, the
         # partly filled buffers go out (and, while it stays so, every fill: see ``idle``).
         flush_on_idle(self.delivery, self.executor)
+        self._committer.start()
         self.control.start(self.home)
 
     def stop(self) -> None:
@@ -104,7 +119,10 @@ class Gateway:
         self.workers.stop()
         self.executor.stop(self.timeout)
         self.delivery.close(self.timeout)
-        self.cursors.commit(self.delivery.cursors())
+        self._stopping.set()
+        self.delivery.commit_due.set()  # wakes the committer, which sees the stop
+        self._committer.join()
+        self._commit()
         self.control.stop(self.home)
 
     def flush(self) -> dict:
@@ -115,8 +133,31 @@ class Gateway:
         left = self.delivery.wait(self.timeout)
         if left:
             raise GatewayError(f"{left} messages were not acknowledged within {self.timeout:g} s: check the broker")
-        version = self.cursors.commit(self.delivery.cursors())
+        version = self._commit()
         return self.status() | {"flush_seconds": round(time.perf_counter() - began, 4), "cursor_version": version}
+
+    def _commit(self) -> int:
+        """Commits what the broker acknowledged so far; returns the cursor table's version."""
+        with self._commit_lock:
+            unsaved = self.delivery.unsaved  # read first: what is acknowledged later stays unsaved
+            version = self.cursors.commit(self.delivery.cursors())
+            self.delivery.saved(unsaved)
+            return version
+
+    def _commit_periodically(self) -> None:
+        """Commits the cursors while bytes are acknowledged: ``cursor_commit_seconds`` after
+        the last commit at the latest, at once when ``cursor_commit_bytes`` are waiting.  A
+        failed commit is logged and tried again: the cursors committed before stay valid."""
+        while True:
+            self.delivery.commit_due.wait(self.spec.cursor_commit_seconds)
+            if self._stopping.is_set():
+                return
+            if self.delivery.unsaved:
+                try:
+                    self._commit()
+                except StorageError as e:
+                    log.warning("%s; trying again in %g s", e, self.spec.cursor_commit_seconds)
+                    self._stopping.wait(self.spec.cursor_commit_seconds)
 
     def rescale(self, workers: int) -> dict:
         """Moves the sources to ``workers`` I/O threads while they run (ICADD, see

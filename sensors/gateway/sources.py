@@ -253,9 +253,16 @@ def _resolve_once(future: asyncio.Future) -> None:
 
 class TcpListener:
     """Listens on ``host:port`` (port 0: any free one, see ``address``); each accepted
-    connection becomes a :class:`TcpSource` with id ``<prefix>:<peer host>:<peer port>``,
-    handed to ``on_source`` (the executor's ``add``).  A connection that ``on_source``
-    refuses (a full pool) is closed and counted in ``refused``.
+    connection becomes a :class:`TcpSource` with id
+    ``<prefix>:<peer host>:<peer port>#<session>.<n>``, handed to ``on_source`` (the
+    executor's ``add``).  A connection that ``on_source`` refuses (a full pool) is closed
+    and counted in ``refused``.
+
+    A connection's byte ranges start at 0, and the step's reader drops bytes of a source
+    below what it already took; so no two connections may share an id, even when a device
+    reconnects from a port it used before.  ``n`` counts this listener's connections and
+    ``session`` (the listener's start, in milliseconds since the epoch) tells apart the
+    listeners of successive gateway processes.
 
     The socket is bound on construction; ``await run()`` accepts on the running loop until
     cancelled, then closes the socket.
@@ -267,6 +274,8 @@ class TcpListener:
         self._sock.setblocking(False)
         self._on_source = on_source
         self._prefix = prefix
+        self._session = time.time_ns() // 1_000_000
+        self._connections = 0
         self.accepted = 0
         self.refused = 0
 
@@ -284,7 +293,8 @@ class TcpListener:
             self._sock.close()
 
     def _admit(self, conn: socket.socket, peer: tuple) -> None:
-        source = TcpSource(conn, f"{self._prefix}:{peer[0]}:{peer[1]}")
+        self._connections += 1
+        source = TcpSource(conn, f"{self._prefix}:{peer[0]}:{peer[1]}#{self._session}.{self._connections}")
         try:
             self._on_source(source)
         except GatewayError as error:

@@ -198,13 +198,18 @@ class Workers:
             self._join(w)
         for w in sorted(self.workers):
             self._send(w, ("begin", target))
-        deadline = time.monotonic() + timeout
+        # A limit on no progress, not on the whole migration: under load moving many keys
+        # takes long while every key still moves.
+        deadline, progress = time.monotonic() + timeout, None
         while not all(wk.distributor.phase is Phase.STEADY and wk.distributor.version == self.version + 1
                       for wk in list(self.workers.values())):
-            if time.monotonic() > deadline:
-                raise GatewayError(f"the migration to {workers} workers did not end within {timeout:g} s: "
+            if progress != (progress := self._progress()):
+                deadline = time.monotonic() + timeout
+            elif time.monotonic() > deadline:
+                raise GatewayError(f"the migration to {workers} workers made no progress for {timeout:g} s: "
                                    f"{self.status()}")
             time.sleep(0.002)
+        deadline = time.monotonic() + timeout
         self.layout, self.version = target, self.version + 1
         placement = Placement(target)
         moved = {key: placement.worker(key) for wk in self.workers.values() for key in wk.distributor.moved}
@@ -260,6 +265,13 @@ class Workers:
         worker.sources.clear()
         return dict(zip(keys, states))
 
+    def _progress(self) -> tuple:
+        """What changes while a migration goes on: each worker's phase, version, keys handed
+        over and keys still waiting."""
+        return tuple((w, wk.distributor.phase, wk.distributor.version, len(wk.distributor.moved),
+                      len(wk.distributor.hold), len(wk.distributor.whitelist))
+                     for w, wk in sorted(self.workers.items()))
+
     def _leave(self, w: int, deadline: float) -> None:
         """Stops leaving worker ``w`` once a marker from every other worker, sent behind
         everything it sent, has arrived."""
@@ -280,6 +292,9 @@ class Workers:
         and its number of sources."""
         out = []
         for w, wk in sorted(self.workers.items()):
+            if not wk.loop.is_running():  # the gateway stopped: a coroutine sent there would never run
+                out.append({"worker": w, "phase": "stopped"})
+                continue
             try:
                 out.append(asyncio.run_coroutine_threadsafe(_status(wk), wk.loop).result(5))
             except (concurrent.futures.TimeoutError, RuntimeError):

@@ -54,10 +54,13 @@ def project_settings(root: str, bootstrap: str, name: str, spark: dict | None = 
 class Harness:
     def __init__(
         self, tmp_path, bootstrap: str, instance: DagsterInstance, create_topics: bool = True, name: str | None = None,
-        spark: dict | None = None, **settings
+        spark: dict | None = None, project: dict | None = None, **settings
     ) -> None:
+        """``project``: sections of ``dbsp.yaml`` besides the pipeline (``sources``, ``gateway``);
+        ``settings``: the pipeline's."""
         self.name = name or f"p{uuid.uuid4().hex[:8]}"
-        self.project = parse_project(project_settings(str(tmp_path / "store"), bootstrap, self.name, spark, **settings), "test")
+        self.settings = project_settings(str(tmp_path / "store"), bootstrap, self.name, spark, **settings) | (project or {})
+        self.project = parse_project(self.settings, "test")
         self.spec = self.project.pipelines[0]
         self.defs = build_definitions(self.project)
         self.instance = instance

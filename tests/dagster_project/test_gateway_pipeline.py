@@ -21,6 +21,7 @@ from sensors.broker import local_producer_config
 from sensors.kafka import KafkaClient
 from sensors.gateway.control import call, running_url
 from storage.inspect import rows_of_steps
+from storage.logs import read_steps
 from storage.pipeline import status
 
 from .harness import Harness, integral, project_settings
@@ -204,3 +205,76 @@ def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, b
             assert [w["phase"] for w in gateway.status()["workers"]] == ["steady", "steady"]
         finally:
             gateway.stop()
+
+
+def test_a_gateway_killed_before_its_first_flush_leaves_every_line_once_and_in_order(
+    spark_resource, spark, broker, tmp_path, instance, monkeypatch, gateways, capfd
+):
+    """Files read by a gateway that is killed with SIGKILL before any flush or cursor
+    commit; a step is cut while it is down (no flush: said in the sensor's log and the
+    step's metadata), it restarts, more steps are cut with its flush: the input log holds
+    every line of every file once, each file's lines in order over the steps."""
+    home = str(tmp_path / "home")
+    monkeypatch.setenv("DBSP_HOME", home)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    name = "killed"
+    sources = [{"kind": "files", "name": "files", "topic": f"{name}.bids", "directory": str(landing), "pattern": "*.jsonl"}]
+    h = Harness(tmp_path, broker.bootstrap, instance, name=name, spark=spark_resource, project={
+        "sources": sources,
+        # No cursor commit before the kill: only the broker knows what was delivered.
+        "gateway": {"buffers": 64, "buffer_size": 1024, "cursor_commit_seconds": 3600, "cursor_commit_bytes": 1 << 40},
+    })
+    h.settings["resources"]["kafka"]["config"] = {k: str(v) for k, v in local_producer_config().items()}
+    config = tmp_path / "dbsp.yaml"
+    config.write_text(yaml.safe_dump(h.settings))
+    gateway = GatewayProcess(str(config), home, str(tmp_path / "gateway.out"))
+    gateways.append(gateway)
+    paths = [landing / f"file-{i:02d}.jsonl" for i in range(8)]
+    written = {i: 0 for i in range(len(paths))}
+
+    def append(lines: int) -> None:
+        for i, path in enumerate(paths):
+            bids = [{"auction": i, "bidder": n, "price": n, "channel": "c", "date_time": n}
+                    for n in range(written[i], written[i] + lines)]
+            with open(path, "ab") as f:
+                f.write(b"".join(json.dumps(b).encode() + b"\n" for b in bids))
+            written[i] += lines
+
+    def delivered() -> bool:
+        sources = gateway.status()["sources"]
+        return all(sources.get(str(p), {}).get("acked") == p.stat().st_size for p in paths)
+
+    def cut_and_run() -> list:
+        runs = [h.run(int(r.partition_key)) for r in h.tick().run_requests]
+        assert runs and all(run.success for run in runs)
+        return runs
+
+    gateway.start()
+    append(150)
+    wait_until(delivered, "the files to be delivered")
+    gateway.kill()
+    capfd.readouterr()
+    unflushed = cut_and_run()  # the gateway is down: no flush
+    assert "step 0 was cut without the gateway's flush: no gateway runs" in capfd.readouterr().err  # the sensor's log
+    metadata = unflushed[0].get_asset_materialization_events()[0].materialization.metadata
+    assert "no gateway runs" in metadata["gateway/unflushed_cuts"].value
+    append(50)
+    gateway.start()
+    wait_until(delivered, "the files to be delivered after the restart")
+    cut_and_run()
+    append(40)
+    wait_until(delivered, "the last lines to be delivered")
+    cut_and_run()
+    gateway.stop()
+
+    at = status(h.root)
+    rows = read_steps(spark, h.pipeline(spark).inputs.uri("bids"), 0, at.committed_step).select("auction", "bidder", "_step")
+    steps: dict[int, list[tuple[int, int]]] = {}
+    for r in rows.collect():
+        steps.setdefault(r.auction, []).append((r.bidder, r._step))
+    for i, found in steps.items():
+        assert sorted(n for n, _ in found) == list(range(written[i])), f"file {i}: every line once"
+        in_order = [s for _, s in sorted(found)]
+        assert in_order == sorted(in_order), f"file {i}: its lines in order over the steps"
+    assert sorted(steps) == list(range(len(paths)))

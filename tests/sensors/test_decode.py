@@ -15,6 +15,7 @@ from sensors.errors import BrokerStalledError, BrokerUnavailableError, OffsetsLo
 from sensors.ingest import KafkaSource, ingest
 from sensors.kafka import KafkaClient
 from storage.delta import open_table
+from storage.faults import InjectedCrash
 from storage.logs import Range
 from storage.pipeline import Pipeline
 
@@ -226,3 +227,61 @@ def test_gateway_messages_are_framed_into_records_and_resent_bytes_dropped(spark
         assert len(letters) == 2
     finally:
         decoded.unpersist()
+
+
+def gateway_message(source: str, start: int, value: bytes):
+    return value, source.encode(), [("dbsp-bytes", f"{start}-{start + len(value)}".encode())]
+
+
+def resent_across_tasks(topic: str) -> list[tuple]:
+    """Source s1's bids 0, 1, then both again (a gateway restarted from an older cursor), then bid 2."""
+    zero, one = bid(0) + b"\n", bid(1) + b"\n"
+    return [gateway_message("s1", 0, zero), gateway_message("s1", len(zero), one),
+            gateway_message("s1", 0, zero + one), gateway_message("s1", len(zero + one), bid(2) + b"\n")]
+
+
+def test_bytes_taken_by_another_task_or_an_earlier_step_are_dropped(spark, broker, client, new_topic):
+    topic = new_topic(1)
+    sent = resent_across_tasks(topic)
+    client.produce(topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent])
+    ranges = [Range(topic, 0, 0, len(sent))]
+    decoded = read_ranges(spark, broker.bootstrap, None, ranges, {topic: BIDS}, chunk_size=2)  # two tasks
+    try:
+        assert sorted(r.auction for r in decoded.inputs[topic].collect()) == [0, 1, 2]
+        ends: dict[tuple[str, str], int] = {}
+        for r in decoded.taken.collect():  # a row per task: the largest end counts
+            ends[r.topic, r.source] = max(ends.get((r.topic, r.source), 0), r.end)
+        assert ends == {(topic, "s1"): len(bid(0) + bid(1) + bid(2)) + 3}
+    finally:
+        decoded.unpersist()
+    # An earlier step took bids 0 and 1: only bid 2 is new.
+    decoded = read_ranges(spark, broker.bootstrap, None, ranges, {topic: BIDS}, taken={(topic, "s1"): len(bid(0) + bid(1)) + 2})
+    try:
+        assert [r.auction for r in decoded.inputs[topic].collect()] == [2]
+    finally:
+        decoded.unpersist()
+
+
+def test_a_step_drops_the_bytes_earlier_steps_took_and_reads_again_the_same(
+    spark, broker, client, new_topic, tmp_path, monkeypatch
+):
+    topic = new_topic(1)
+    sent = resent_across_tasks(topic)
+    client.produce(topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent])
+    pipeline = Pipeline(spark, str(tmp_path), revenue_circuit())
+    source = KafkaSource(broker.bootstrap, {"bids": topic, "auctions": new_topic(1), "persons": new_topic(1)})
+    pipeline.divisions.record(0, [Range(topic, 0, 0, 2)])
+    pipeline.divisions.record(1, [Range(topic, 0, 2, 4)])
+    ingest(pipeline, source, 0)
+    # Step 1 dies after it kept what it took, before its inputs: read again, it drops the same.
+    monkeypatch.setenv("DBSP_FAULT", "after_taken:1")
+    monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
+    with pytest.raises(InjectedCrash):
+        ingest(pipeline, source, 1)
+    assert not pipeline.inputs.persisted(1)
+    monkeypatch.delenv("DBSP_FAULT")
+    ingest(pipeline, source, 1)
+    auctions = lambda step: sorted(r.auction for r in pipeline.inputs.read(step).deltas["bids"].collect())
+    assert (auctions(0), auctions(1)) == ([0, 1], [2])
+    assert pipeline.inputs.taken_before(1) == {(topic, "s1"): len(bid(0) + bid(1)) + 2}
+    assert pipeline.inputs.taken_before(2) == {(topic, "s1"): len(bid(0) + bid(1) + bid(2)) + 3}

@@ -32,7 +32,7 @@ from sensors.kafka import KafkaClient, consumer_config
 from storage.inspect import rows_of_steps
 from storage.logs import Range
 from storage.pipeline import Pipeline
-from tests.sensors.gateway.test_gateway import lines_in, wait_for_lines, wait_until
+from tests.sensors.gateway.test_gateway import connection_id, lines_in, wait_for_lines, wait_until
 
 LINE = "file int, n bigint, t bigint"
 """A line's columns: ``{"file": i, "n": n, "t": time_ns}``, the ``n``-th line of file ``i``."""
@@ -348,7 +348,7 @@ def test_a_moving_tcp_connection_is_closed_and_the_device_reconnects_to_its_new_
 
     def connect() -> tuple[socket.socket, str]:
         device = socket.create_connection((host, int(port)))
-        return device, f"dev:127.0.0.1:{device.getsockname()[1]}"
+        return device, connection_id(gateway, "dev", device.getsockname()[1])
 
     def send(device: socket.socket, name: str, n: int) -> None:
         lines = [f"{name} {len(sent.setdefault(name, [])) + i}".encode() for i in range(n)]
