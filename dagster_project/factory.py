@@ -161,14 +161,9 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
             rows_out = inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)
             current = _view_metadata(pipeline.root, name) if name in spec.views else {}
             yield MaterializeResult(asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out), **current})
-        checks = {}
-        for name, key in keys.items():
-            changes = pipeline.outputs.read(name, first, last)
-            checks[key, "consolidated"] = inspect.unconsolidated(changes)
-            if name not in spec.bags:
-                checks[key, "is_a_set"] = inspect.not_a_set(pipeline.outputs.read(name, 0, last), changes)
-        for (key, check), bad in inspect.count_each(checks).items():
-            yield AssetCheckResult(asset_key=key, check_name=check, passed=bad == 0, metadata={"bad_rows": bad})
+        sets = {name: name not in spec.bags for name in keys}
+        for (name, check), bad in inspect.check_outputs(pipeline.outputs, sets, first, last).items():
+            yield AssetCheckResult(asset_key=keys[name], check_name=check, passed=bad == 0, metadata={"bad_rows": bad})
 
     return steps
 

@@ -3,17 +3,27 @@
 import time
 from collections import Counter
 
+import pyarrow as pa
+from deltalake import write_deltalake
+
 from circuits.spark import round_trips
-from storage.inspect import count_each, not_a_set, unconsolidated
+from storage import inspect
+from storage.inspect import (
+    count_each,
+    not_a_set,
+    not_a_set_rows,
+    unconsolidated,
+    unconsolidated_rows,
+)
+from storage.logs import OutputLog, output_uri
 
 COLUMNS = "k string, v long, _weight long, _step long"
+ARROW = pa.schema([("k", pa.string()), ("v", pa.int64()), ("_weight", pa.int64()), ("_step", pa.int64())])
+HISTORY = [("a", 1, 1, 0), ("b", None, 1, 0), ("c", 3, 2, 0), ("a", 1, 1, 1), ("b", None, -1, 1), ("b", None, 1, 2), ("d", 4, 1, 2), (None, None, 2, 2)]
 
 
 def test_not_a_set_integrates_the_touched_rows_over_the_whole_log(spark):
-    history = spark.createDataFrame(
-        [("a", 1, 1, 0), ("b", None, 1, 0), ("c", 3, 2, 0), ("a", 1, 1, 1), ("b", None, -1, 1), ("b", None, 1, 2), ("d", 4, 1, 2), (None, None, 2, 2)],
-        COLUMNS,
-    )
+    history = spark.createDataFrame(HISTORY, COLUMNS)
     step = lambda s: history.where(history._step == s)  # noqa: E731
     # Step 1 made "a" a duplicate (weight 2); "b" (a null value) left, which is fine.
     assert not_a_set(history.where("_step <= 1"), step(1)).count() == 1
@@ -46,3 +56,28 @@ def test_round_trips_times_the_calls_it_counts(spark):
         waited = time.perf_counter() - started
     assert set(seconds) == set(calls) == {"Config", "ExecutePlan"}
     assert all(s > 0 for s in seconds.values()) and sum(seconds.values()) <= waited
+
+
+def _arrow(rows) -> pa.Table:
+    return pa.Table.from_pylist([dict(zip(ARROW.names, r, strict=True)) for r in rows], schema=ARROW)
+
+
+def test_the_arrow_checks_count_what_the_spark_queries_find():
+    step = lambda s: [r for r in HISTORY if r[3] == s]
+    assert not_a_set_rows(_arrow([r for r in HISTORY if r[3] <= 1]), _arrow(step(1))) == 1
+    assert not_a_set_rows(_arrow(HISTORY), _arrow(step(2))) == 1
+    assert not_a_set_rows(_arrow(step(0)), _arrow(step(0))) == 1
+    assert unconsolidated_rows(_arrow([("a", 1, 1, 0), ("a", 1, 1, 0), ("b", 2, 0, 0), ("c", 3, 1, 0)])) == 2
+
+
+def test_a_small_output_log_is_checked_without_spark_and_a_large_one_by_one_job(spark, tmp_path, monkeypatch):
+    # Step 2 repeats "d" (unconsolidated, and "d" integrates to 2) and brings the null row to 2.
+    write_deltalake(output_uri(str(tmp_path), "o"), _arrow([*HISTORY, ("d", 4, 1, 2)]))
+    outputs = OutputLog(spark, str(tmp_path))
+    expected = {("o", "consolidated"): 1, ("o", "is_a_set"): 2, ("p", "consolidated"): 1}
+    write_deltalake(output_uri(str(tmp_path), "p"), _arrow([("x", 1, 1, 2), ("x", 1, 1, 2)]))
+    for rows, jobs in ((inspect.LOCAL_ROWS, 0), (0, 1)):
+        monkeypatch.setattr(inspect, "LOCAL_ROWS", rows)
+        with round_trips(spark) as calls:
+            assert inspect.check_outputs(outputs, {"o": True, "p": False}, 2, 2) == expected
+        assert calls["ExecutePlan"] == jobs
