@@ -1,4 +1,4 @@
-"""Source gateway (issue 15, the seed's P1): the async gateway against a thread-per-source
+"""Source gateway (the asynchronous-sources design's P1): the async gateway against a thread-per-source
 baseline at 10, 100, 1,000 and 5,000 sources, in the same run.
 
 Both sides run the same machinery: a ``BufferPool``, an ``AsyncSourceExecutor`` with one
@@ -6,7 +6,7 @@ I/O thread and a ``Delivery`` producing to the bundled tansu broker (``LocalBrok
 record per batch: ``local_producer_config()``), wired as ``Gateway`` wires them (an idle
 producer queue flushes the partly filled buffers).  The async side runs
 ``GeneratorSource``s on the event loop; the baseline runs ``SyncGeneratorSource``s, which
-the executor puts on a thread each (``ThreadedSource``, the seed's fallback).  Every
+the executor puts on a thread each (``ThreadedSource``, the asynchronous-sources design's fallback).  Every
 configuration runs in a fresh process against a fresh broker, so the threads and the
 resident memory read from ``/proc/self/status`` are that configuration's alone; the sides
 alternate per N (async first at even positions, threads first at odd ones).

@@ -1,4 +1,4 @@
-"""Live rescale of the gateway's workers (ICADD, seed 001, issue 16) against a stop-the-world
+"""Live rescale of the gateway's workers (ICADD, docs/gateway.md) against a stop-the-world
 rescale, in the same run against the same bundled tansu broker.
 
 The scenario is the live test's (``tests/sensors/gateway/test_rescale_live.py``,

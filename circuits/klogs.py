@@ -1,4 +1,4 @@
-"""KLogs (seed 003): keyed logs and pipelines of ``merge``, ``partition``, ``loop``, ``sink``.
+"""KLogs (docs/klogs.md): keyed logs and pipelines of ``merge``, ``partition``, ``loop``, ``sink``.
 
 A keyed log (:class:`KLog`) is an infinite sequence of ``(key, value)`` messages, backed
 by a Kafka topic of the log's name (message key = the key's JSON text, value = the
@@ -100,7 +100,7 @@ def record(key: Any, value: Any) -> tuple[bytes, bytes]:
 
 
 class KLogs:
-    """The seed's handler: where messages are produced.  ``send(topic, key, value)`` delivers
+    """The KLogs paper's handler: where messages are produced.  ``send(topic, key, value)`` delivers
     one record (bytes); the sensors layer gives one over Kafka."""
 
     named = staticmethod(KLog.named)

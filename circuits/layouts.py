@@ -1,6 +1,6 @@
 """Changing a layout: which worker owns which vnode after scaling in or out.
 
-Two strategies (seed 000, "Scaling state"; seed 002):
+Two strategies (docs/design.md, "Layouts and vnodes"):
 
 * **fixed**: the ``S`` vnodes are the unit.  Workers keep every vnode they can; only the
   surplus of the workers above their new share moves, to the workers below it.  Going

@@ -1,6 +1,6 @@
-"""``dbsp klogs-demo``: the word count of seed 003 through Dagster on the embedded default.
+"""``dbsp klogs-demo``: the KLogs paper's word count through Dagster on the embedded default.
 
-Produces the seed's four messages to two keyed logs (fresh topics per demo), ticks the
+Produces the KLogs paper's four messages to two keyed logs (fresh topics per demo), ticks the
 offset sensor after each message (a step per message) or once after all of them (one
 step), and runs each requested step through Dagster; the pipeline's sink prints a JSON
 line per total, in the order the messages were produced either way: each is produced
@@ -82,7 +82,7 @@ class Demo:
 
 
 def run_klogs_demo(project: ProjectSpec, one_step: bool, instance: DagsterInstance) -> bool:
-    """Runs the seed's messages in one step or one per step; whether every run succeeded."""
+    """Runs the KLogs paper's messages in one step or one per step; whether every run succeeded."""
     demo = Demo(demo_project(project, uuid.uuid4().hex[:8]), instance)
     shutil.rmtree(demo.root, ignore_errors=True)  # a demo starts over, as its topics do
     outcomes = []

@@ -1,4 +1,4 @@
-"""The source gateway's cursors (seed 004): where each re-readable source resumes after a restart.
+"""The source gateway's cursors (docs/gateway.md): where each re-readable source resumes after a restart.
 
 One small Delta table, overwritten whole at each commit (a few thousand rows): a row per
 source with the end of its bytes the broker acknowledged (``position``), and a row per

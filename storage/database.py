@@ -1,4 +1,4 @@
-"""The two-version state database of seed 000, over Delta tables.
+"""The two-version state database of the distributed DBSP design (docs/design.md), over Delta tables.
 
 Each state table (an operator's trace, keyed by vnode) is a Delta table under
 ``<root>/state``.  A step's state deltas are committed to those tables as it runs; a
@@ -50,7 +50,7 @@ from .logs import STEP, output_uri
 
 ENGINE_VERSION = "0.2.0"
 STATE_FORMAT = 2
-"""The format this engine writes.  Format 1 differs in keyed-log pipelines only (seed 003):
+"""The format this engine writes.  Format 1 differs in keyed-log pipelines only (KLogs, docs/klogs.md):
 a message's position had no index of the copy, output or merged log it came from, so
 messages could share a sink token, and a user function's fingerprint did not cover what
 it closes over.  Other circuits' state of format 1 is read as it stands."""
@@ -81,7 +81,7 @@ whole, and each file costs more to open than its rows cost to read."""
 
 
 class DeltaStateStore(StateStore):
-    """State tables on Delta Lake with the seed's ``versions/open/commit/get_step/set_step``.
+    """State tables on Delta Lake with the design's ``versions/open/commit/get_step/set_step``.
 
     ``materialize`` writes every destination of a step with one Spark job: state deltas
     into their tables (committed by ``apply``), outputs into ``<root>/outputs/<handle>``
@@ -104,7 +104,7 @@ class DeltaStateStore(StateStore):
         self._pending: dict[str, WrittenFiles] = {}
         self._rewrites: dict[str, list[str]] = {}
 
-    # -- the seed's database interface ------------------------------------------------
+    # -- the design's database interface ------------------------------------------------
 
     def _checkpoints(self) -> list[dict]:
         return _checkpoint_rows(open_table(self.checkpoints_uri))
@@ -142,7 +142,7 @@ class DeltaStateStore(StateStore):
             return
         # Restoring is itself a commit: from here on, a table's base is the restored version.
         restored = {name: self._restore(name, pinned.get(name, 0)) for name in self._table_names()}
-        if version + 1 in rows:  # discard the later version, as the seed's open() does
+        if version + 1 in rows:  # discard the later version, as the design's open() does
             self._restore_checkpoints(version)
             log = None  # the restore is the log's latest version now
         self._version = version

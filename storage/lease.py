@@ -1,4 +1,4 @@
-"""The lease on a pipeline (seed 003): at most one run advances a pipeline at a time.
+"""The lease on a pipeline (KLogs, docs/klogs.md): at most one run advances a pipeline at a time.
 
 The lease is a small Delta table.  Every acquisition and release is one commit made on
 top of the version its writer read, tagged with the app transaction ``lease``; when two

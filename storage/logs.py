@@ -1,4 +1,4 @@
-"""The input log, the division of input into steps, and the output log (seed 000)."""
+"""The input log, the division of input into steps, and the output log (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -321,7 +321,7 @@ class InputLog:
 
 class OutputLog:
     """Each output handle's changes per step under ``<root>/outputs/<handle>`` (with ``_step``),
-    written exactly as seed 000's ``write``."""
+    written exactly as the design's ``write`` (docs/design.md)."""
 
     def __init__(self, spark: SparkSession, root: str, verify: bool = True) -> None:
         self.spark = spark

@@ -1,5 +1,6 @@
-"""Worker and coordinator of seed 000, in one process: a pipeline runs a circuit over the
-input log, writes the output log, and checkpoints its state database.
+"""Worker and coordinator of the distributed DBSP design (docs/design.md), in one process:
+a pipeline runs a circuit over the input log, writes the output log, and checkpoints its
+state database.
 
 Producers ``submit`` each step: the division is recorded durably first, then the input
 is persisted, so no output can exist whose input division is unknown.  ``run`` opens
@@ -214,7 +215,7 @@ class Pipeline:
         )
 
     def rescale(self, workers: int, strategy: str | None = None, k: float | None = None) -> RescaleReport:
-        """A cold layout change (seed 000): from the latest checkpoint, move the state of the
+        """A cold layout change (docs/design.md): from the latest checkpoint, move the state of the
         vnodes that change owner, then checkpoint again with no input.  The pause is all of it."""
         started = time.perf_counter()
         report = self.finish_rescale(self.prepare_rescale(workers, strategy, k))

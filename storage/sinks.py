@@ -1,4 +1,4 @@
-"""KLogs sinks with idempotency tokens (seed 003): each side effect happens once.
+"""KLogs sinks with idempotency tokens (KLogs, docs/klogs.md): each side effect happens once.
 
 A keyed-log pipeline's sink stage hands each message of a step to its function after
 the step's output is committed and before the checkpoint.  Every message carries the

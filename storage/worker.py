@@ -1,4 +1,4 @@
-"""The worker of seed 000, with its coordinator/worker synchronization.
+"""The worker of the distributed DBSP design (docs/design.md), with its coordinator/worker synchronization.
 
 ``start(version)`` opens the database and runs steps from its step, in a thread, until
 told to stop; ``pause()`` cancels a blocked input read and parks the worker at a step

@@ -1,4 +1,4 @@
-"""The KLogs word count of seed 003, as the seed writes it.
+"""The KLogs paper's word count, as the paper writes it (docs/klogs.md).
 
 Two keyed logs of ``word -> count`` messages, one for upper-case words and one for
 lower-case, merged, re-keyed by the lower-cased word, and folded per word into a running
@@ -14,7 +14,7 @@ from ..klogs import KLog, KLogsCircuit, deploy, merge
 UPPER = "word-counts-uppercase"
 LOWER = "word-counts-lowercase"
 SEED_MESSAGES = (UPPER, "F", 1), (UPPER, "M", 3), (LOWER, "f", 4), (UPPER, "M", 4)
-"""The seed's producer calls, in order: (log, key, value)."""
+"""The KLogs paper's producer calls, in order: (log, key, value)."""
 
 
 def print_count_json(word: str, total: int) -> None:

@@ -1,4 +1,4 @@
-"""The KLogs word count (seed 003) as a view.
+"""The KLogs word count (docs/klogs.md) as a view.
 
 Two logs of ``(word, count)`` pairs, one counting upper-case words and one lower-case,
 are merged, re-keyed by the lower-cased word, and each word keeps a running total.

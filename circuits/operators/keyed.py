@@ -1,4 +1,4 @@
-"""Keyed-log operators (seed 003, KLogs): ``partition`` re-keys messages, ``loop`` folds
+"""Keyed-log operators (KLogs, docs/klogs.md): ``partition`` re-keys messages, ``loop`` folds
 each key's messages in order with that key's state.
 
 A keyed log is an append-only Z-set of messages ``(key, value, ord)``: ``key`` and

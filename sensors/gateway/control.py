@@ -6,7 +6,7 @@ with its pid, to ``<home>/gateway.json``.  ``POST /flush`` makes every source ha
 partly filled buffer, waits until the broker acknowledged everything produced, commits the
 cursors and answers the figures; the sensor calls it just before it reads the end offsets
 to cut a step, so the step holds every record the gateway had read (the demand-based flush
-of seed 004: a partial buffer waits for a step that needs it, never for a timer).
+of docs/gateway.md: a partial buffer waits for a step that needs it, never for a timer).
 ``GET /status`` answers the figures alone.  ``POST /rescale?workers=N`` moves the sources to
 N I/O threads while they run (ICADD, :mod:`.workers`) and answers once it is over; it is
 refused (500, saying why) while a migration runs.

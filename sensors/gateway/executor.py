@@ -1,10 +1,10 @@
-"""The executor of the gateway's sources (the seed's ``AsyncSourceExecutor``).
+"""The executor of the gateway's sources (the asynchronous-sources design's ``AsyncSourceExecutor``).
 
 ``io_threads`` threads each run one asyncio event loop; every source is assigned to the
 loop with the fewest sources and driven there by a *runner* coroutine, so thousands of
-sources share a few threads and none of them blocks a thread while it waits (the seed's
+sources share a few threads and none of them blocks a thread while it waits (the asynchronous-sources design's
 P1).  A :class:`~.sources.SyncSource` runs behind a :class:`~.sources.ThreadedSource`,
-on a thread of its own (the seed's fallback).
+on a thread of its own (the asynchronous-sources design's fallback).
 
 A runner: opens its source; then, over and over, awaits a buffer from the pool, fills it
 until it is full, the stream ends or a flush asks for it, and hands it to
@@ -114,7 +114,7 @@ class AsyncSourceExecutor:
     the source's loop at every change of status.  Both must not block.  ``idle()``, when
     given, says whether downstream waits for work (the producer's queue is empty): then a
     runner delivers after every fill instead of filling its buffer first, the second demand
-    of the seed's flush (a quiet gateway delivers at once, a busy one in full buffers).
+    of the asynchronous-sources design's flush (a quiet gateway delivers at once, a busy one in full buffers).
     """
 
     def __init__(self, pool: BufferPool, deliver: Deliver, io_threads: int = 1, *,

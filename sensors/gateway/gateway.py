@@ -108,7 +108,7 @@ class Gateway:
         self.workers.start()
         for group in self.groups:
             self._start_group(group)
-        # Demand-based flush (seed 004): when the broker has acknowledged everything, the
+        # Demand-based flush (docs/gateway.md): when the broker has acknowledged everything, the
         # partly filled buffers go out (and, while it stays so, every fill: see ``idle``).
         flush_on_idle(self.delivery, self.executor)
         self._committer.start()

@@ -1,6 +1,6 @@
-"""ICADD (seed 001): moving the gateway's per-source state between workers while it runs.
+"""ICADD (docs/gateway.md): moving the gateway's per-source state between workers while it runs.
 
-The gateway's workers each run a :class:`Distributor`, the seed's distributor operator,
+The gateway's workers each run a :class:`Distributor`, ICADD's distributor operator,
 in front of the keyed region of that worker: the sources.  Keys are source ids; data
 messages (:class:`Data`) are "source K has work" notifications and the source's bytes,
 in order per key; a key's state is an opaque value (the live gateway puts a source's
@@ -16,7 +16,7 @@ message), :meth:`Distributor.begin` (the trigger of a migration) and
 ``(destination, message)`` it wants sent: ``DOWN`` for its local downstream, a worker id
 for another worker (the message is then an :class:`Envelope` carrying the sender's
 version).  Whoever calls it delivers them: the simulator (:mod:`.icadd_sim`) or the live
-gateway.  It assumes, like the seed, FIFO channels: between two workers (per ordered
+gateway.  It assumes, like ICADD, FIFO channels: between two workers (per ordered
 pair) and along each downstream path.
 
 What the caller must also do: start one migration at a time (the next ``begin`` only once
@@ -24,7 +24,7 @@ every worker is back in ``STEADY``); create a joining worker with the current la
 version; stop a leaving worker only once it is ``STEADY`` and nothing is on its way to or
 from it; hand every worker of ``W | W'`` the same new layout.
 
-The rules, with the seed's numbering (see :meth:`Distributor._decide`):
+The rules, with ICADD's numbering (see :meth:`Distributor._decide`):
 
 * Before and after a migration, one layout: ``F(K) == Local`` -> downstream, else -> ``F(K)``.
 * Interrogate (``begin``): rule 1.1 ``F == Local && F' != Local`` -> add K to ``whitelist``,
@@ -39,7 +39,7 @@ The rules, with the seed's numbering (see :meth:`Distributor._decide`):
   downstream, operators call ``add_state``; then :class:`Acquire` (K) to ``F'(K)``, the
   buffered messages of K after it on the same channel, :class:`Drop` (K) downstream.
 * Multi-pathing: ``add_keys`` idempotent, the last ``add_state`` wins, the first ``take``
-  wins, and (not in the seed, by the same argument) the first copy of Drop drops.
+  wins, and (not in ICADD, by the same argument) the first copy of Drop drops.
 * Done: ``whitelist`` and ``hold`` empty -> :class:`Done` to every worker of ``W | W'``;
   ``finished == W`` -> ``F' != Local`` -> ``F'(K)``, ``F' == Local`` -> downstream; then
   the sets are dropped and ``F`` forgotten.  Done (and Flush, Drained) carry the version
@@ -49,7 +49,7 @@ The rules, with the seed's numbering (see :meth:`Distributor._decide`):
   passed downstream (ping-pong 2).
 * Regions: ICADD messages coming from upstream (a previous region) are discarded.
 
-Two additions the seed's text needs for its own guarantees (state at one place, causal
+Two additions ICADD's text needs for its own guarantees (state at one place, causal
 order per key); each can be switched off in :class:`Rules` so that the simulator shows
 what breaks without it:
 
@@ -169,7 +169,7 @@ class Data:
 @dataclass(eq=False)
 class IcaddMessage:
     """An ICADD message sent downstream, copied onto each of ``copies`` paths (multi-pathing).
-    The count is the seed's reference count: the distributor acts when it drops to 0."""
+    The count is ICADD's reference count: the distributor acts when it drops to 0."""
 
     copies: int = 1
 
@@ -301,7 +301,7 @@ class Phase(str, Enum):
 # -- the distributor ---------------------------------------------------------------------------
 
 class Distributor:
-    """The seed's distributor of worker ``me`` (see the module for its rules).
+    """ICADD's distributor of worker ``me`` (see the module for its rules).
 
     ``paths`` is how many copies of every ICADD message go downstream (the number of
     paths from the distributor to the region's operators); data goes down once.
@@ -434,7 +434,7 @@ class Distributor:
             return []
         action, target, rule = self._decide(data.key, sender)
         if version is not None and version > self.version and action != "down":
-            # The version rule (seed: "a special rule, which applies always"): the sender
+            # The version rule (ICADD: "a special rule, which applies always"): the sender
             # has left Interrogate and we have not, so it routes by F' and is right.
             if self.rules.version_rule:
                 self.counts["version.pingpong" if target == sender else "version.other"] += 1
@@ -480,7 +480,7 @@ class Distributor:
 
     def _down(self, data: Data) -> Out:
         """Downstream.  In Interrogate every key that goes down and will leave under ``F'``
-        enters ``whitelist`` (rule 1.1), also when the version rule sent it: the seed's
+        enters ``whitelist`` (rule 1.1), also when the version rule sent it: ICADD's
         argument is that whitelist knows "all other keys which went downstream"."""
         if self.phase is Phase.INTERROGATE:
             assert self.new is not None

@@ -1,4 +1,4 @@
-"""A deterministic simulator of ICADD migrations (seed 001) between gateway workers.
+"""A deterministic simulator of ICADD migrations (docs/gateway.md) between gateway workers.
 
 No threads, no I/O: a chain of migrations ``W -> W' -> W'' ...`` (``Scenario.sizes``),
 one at a time as the live trigger starts them: the next begins once every worker is back
@@ -21,7 +21,7 @@ others:
 * ``deliver``: the first envelope of a channel between two workers;
 * ``process``: the first item of a downstream path reaches the operator.
 
-Channels, as the seed assumes: each ordered pair of workers is one FIFO channel, each
+Channels, as ICADD assumes: each ordered pair of workers is one FIFO channel, each
 downstream path is FIFO; nothing orders two different channels or paths.  Data goes down
 path 0; ICADD messages are copied onto every path (multi-pathing).
 

@@ -1,8 +1,8 @@
-"""The gateway's I/O buffer pool (the seed's ``BufferManager``, I/O side only).
+"""The gateway's I/O buffer pool (the asynchronous-sources design's ``BufferManager``, I/O side only).
 
 A fixed number of fixed-size :class:`Buffer` objects, allocated once and separate from
 everything else, so that sources and their consumers never compete with other work for
-memory (the seed's P3).  Sources must be registered; a source asks for one buffer at a
+memory (the asynchronous-sources design's P3).  Sources must be registered; a source asks for one buffer at a
 time and awaits it (an asyncio future resolved by a release: no polling, no timers).
 
 Definitions and rules:

@@ -1,7 +1,7 @@
 """The source interface of the gateway and the provided sources.
 
 A source moves raw bytes into buffers and nothing else: no parsing, no decoding, no
-splitting into lines (the seed's P2); framing and decoding happen downstream.
+splitting into lines (the asynchronous-sources design's P2); framing and decoding happen downstream.
 
 The contract of :class:`Source` (what the executor relies on):
 
@@ -20,7 +20,7 @@ The contract of :class:`Source` (what the executor relies on):
   byte they will read, and ``seek(position)`` before ``open()`` starts them there.
 
 Sources that only have blocking client libraries implement :class:`SyncSource` instead;
-:class:`ThreadedSource` runs each on a thread of its own (the seed's fallback) behind the
+:class:`ThreadedSource` runs each on a thread of its own (the asynchronous-sources design's fallback) behind the
 same interface.
 """
 
@@ -97,7 +97,7 @@ _STOP = object()
 
 
 class ThreadedSource(Source):
-    """Runs a :class:`SyncSource` on a dedicated thread (one per source, the seed's
+    """Runs a :class:`SyncSource` on a dedicated thread (one per source, the asynchronous-sources design's
     fallback) behind the async interface.
 
     The thread fills a scratch buffer of its own and the loop copies the bytes into the

@@ -8,7 +8,7 @@ worker's inbox (an ``asyncio.Queue`` fed with ``call_soon_threadsafe``): envelop
 other workers (one FIFO channel per ordered pair: one sender thread, one queue), the
 trigger, and the downstream path of the worker's keyed region (the sources on it).
 
-Following the seed's appendix "Dealing with Sources", a source is split in two: the
+Following ICADD's appendix "Dealing with Sources", a source is split in two: the
 stateless part (the directory watcher, the TCP listener, the configured sources at
 start) produces data messages at worker 0, which exists in every layout, and the
 stateful part (the source's runner) is the keyed region behind the distributor.  The

@@ -1,4 +1,4 @@
-"""KLogs pipelines (seed 003) against a plain sequential Python fold (hypothesis).
+"""KLogs pipelines (docs/klogs.md) against a plain sequential Python fold (hypothesis).
 
 Random messages over random keys of two named logs, with random timestamps (a
 producer's clock may go back), cut into random steps: per key, the sink receives exactly

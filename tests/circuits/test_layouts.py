@@ -38,7 +38,7 @@ def test_fixed_changes_move_the_fewest_vnodes_and_stay_balanced(vnodes, changes)
         after = rescale(layout, workers, "fixed")
         assert len(moved(layout, after)) == least_moves(layout.owners, workers)
         assert max(shares(after)) - min(shares(after)) <= 1
-        if workers == layout.workers + 1:  # the seed's bound: about S / (W + 1), never W / (W + 1)
+        if workers == layout.workers + 1:  # consistent hashing's bound: about S / (W + 1), never W / (W + 1)
             assert len(moved(layout, after)) <= -(-vnodes // workers)
         layout = after
 

@@ -1,4 +1,4 @@
-"""``dbsp klogs-demo``: the seed's word count through Dagster prints the seed's four lines,
+"""``dbsp klogs-demo``: the KLogs paper's word count through Dagster prints the KLogs paper's four lines,
 in one step or a step per message, and a crash between the sink's side effect and the
 checkpoint prints none of them twice."""
 

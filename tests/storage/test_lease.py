@@ -1,4 +1,4 @@
-"""The pipeline lease (seed 003): one holder at a time, fenced by Delta's commit protocol."""
+"""The pipeline lease (KLogs, docs/klogs.md): one holder at a time, fenced by Delta's commit protocol."""
 
 import threading
 

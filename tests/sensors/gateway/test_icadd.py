@@ -1,4 +1,4 @@
-"""ICADD (seed 001) for the gateway: the distributor's rules one by one, then the simulator
+"""ICADD (docs/gateway.md) for the gateway: the distributor's rules one by one, then the simulator
 over hypothesis-drawn migrations (invariants, ping-pong cases) and the mutation checks."""
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def scenarios(draw: Callable, migrations: tuple[int, int] = (1, 3), keys: tuple[
 
 def test_every_migration_keeps_the_invariants_and_terminates():
     """Invariants after every event (the simulator raises on the first failure), every run
-    terminates on F'; both ping-pong cases of the seed occur, and end."""
+    terminates on F'; both ping-pong cases of ICADD occur, and end."""
     seen: Counter[str] = Counter()
 
     @settings(max_examples=400, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -1,4 +1,4 @@
-"""Live rescale of the gateway's workers with ICADD (seed 001, issue 16) against the real
+"""Live rescale of the gateway's workers with ICADD (docs/gateway.md) against the real
 broker: file sources in a growing directory while the gateway goes 2 -> 3 -> 1 I/O
 threads; every line lands once and in order per file, in the topic and in the view of a
 durable pipeline over it (:func:`check_view`), and every source ends on its owner under the
