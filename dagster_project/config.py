@@ -76,6 +76,7 @@ class PipelineSpec(BaseModel):
     """One incremental pipeline: circuit, sources and settings."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _circuit: Circuit | None = PrivateAttr(None)
 
     name: str = Field(description="identifier: lowercase letters, digits and '_', starting with a letter")
     circuit: str | None = Field(
@@ -244,9 +245,8 @@ class PipelineSpec(BaseModel):
         except SqlError as e:
             raise ValueError(f"sql: {e}") from None
 
-    def build_circuit(self) -> Circuit:
+    def build_circuit(self, session: SparkSession | None = None) -> Circuit:
         if self.sql is not None:
-            session = SparkSession.getActiveSession()
             if session is None:
                 raise ValueError(f"sql: compiling {self.sql} needs a Spark session; open one before the pipeline")
             return self._compile(session, self.input_schemas())
@@ -268,13 +268,20 @@ class PipelineSpec(BaseModel):
             raise ValueError(f"sinks: {sorted(unknown)} are not outputs of the circuit; its outputs are {sorted(circuit.outputs)}")
         return circuit
 
-    @cached_property
+    def circuit_for(self, session: SparkSession | None) -> Circuit:
+        """The circuit, built once and checked against the sources and sinks; a ``sql:``
+        file compiles in ``session``."""
+        if self._circuit is None:
+            try:
+                self._circuit = self.check(self.build_circuit(session))
+            except ValueError as e:
+                raise ConfigError(f"pipeline {self.name!r}: {e}") from None
+        return self._circuit
+
+    @property
     def circuit_def(self) -> Circuit:
-        """The circuit, built and checked against the sources and sinks (needs a running Spark)."""
-        try:
-            return self.check(self.build_circuit())
-        except ValueError as e:
-            raise ConfigError(f"pipeline {self.name!r}: {e}") from None
+        """The circuit (needs a running Spark: a ``sql:`` file compiles in this thread's active session)."""
+        return self.circuit_for(SparkSession.getActiveSession())
 
 
 def _built(build: Callable[[], Circuit]) -> Circuit | None:

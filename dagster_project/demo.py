@@ -134,7 +134,7 @@ def run_demo(
     if not all(r.succeeded for r in reports):  # the server may be gone with the step: nothing to check
         return DemoResult(reports, Counter(), None, dead_letters)
     with progress.phase("checking each view against Spark batch SQL over the input log"):
-        pipeline = Pipeline(session, root, spec.circuit_def, workers=spec.workers)
+        pipeline = Pipeline(session, root, spec.circuit_for(session), workers=spec.workers)
         return _check_views(pipeline, spec, reports, dead_letters)
 
 

@@ -96,9 +96,8 @@ def build_pipeline(spec: PipelineSpec) -> Definitions:
 
 
 def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource) -> Pipeline:
-    return Pipeline(
-        spark.session(), store.pipeline_root(spec.name), spec.circuit_def, workers=spec.workers, views=spec.views
-    )
+    session = spark.session()
+    return Pipeline(session, store.pipeline_root(spec.name), spec.circuit_for(session), workers=spec.workers, views=spec.views)
 
 
 def _run_gone(instance):
