@@ -10,7 +10,8 @@ from dagster import AssetKey, instance_for_test
 
 from circuits.library.nexmark import SCHEMAS
 from circuits.sql import batch_views
-from dagster_project.config import ConfigError, parse_project
+from circuits.library.nexmark_queries import NEXMARK_SQL
+from dagster_project.config import ConfigError, load_project, parse_project
 
 from .harness import Harness, integral, project_settings
 
@@ -51,6 +52,15 @@ def test_sinks_default_to_the_materialized_views_and_the_path_is_relative_to_the
     assert spec.sink_names == ["revenue", "busy", "sellers"]  # not the temporary view
     assert spec.view_reads("busy") == ["revenue"] and spec.view_reads("revenue") == []  # priced is not published
     assert spec.view_sql("busy") == "SELECT category, revenue FROM revenue WHERE bids > 5"
+
+
+def test_the_built_in_demo_pipeline_is_the_nexmark_sql_file(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no dbsp.yaml here
+    monkeypatch.delenv("DBSP_CONFIG", raising=False)
+    spec = load_project().pipelines[0]
+    assert spec.circuit is None and spec.sql == str(NEXMARK_SQL)
+    assert spec.sink_names == ["bids_by_category", "q3", "q4", "q15"]
+    assert spec.view_sql("q4") == "SELECT category, avg(final) AS avg_final FROM finals GROUP BY category"
 
 
 @pytest.mark.parametrize(
