@@ -115,6 +115,8 @@ def run_demo(
     progress.line(f"broker {source.bootstrap_servers}, topics {', '.join(sorted(source.topics.values()))}")
     with progress.phase(_spark_phase(spark)):
         session = spark.session()
+    with progress.phase("compiling the pipeline's circuit"):
+        spec.circuit_for(session)  # a SQL view Spark cannot analyse fails here, before anything is produced or divided
     progress.line(f"state under {root}")
     reports = []
     for _ in range(steps):

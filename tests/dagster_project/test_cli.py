@@ -159,6 +159,17 @@ def test_the_demo_runs_the_views_of_a_sql_file_and_checks_each(tmp_path, demo_en
     ], lines
 
 
+def test_a_sql_file_spark_cannot_analyse_fails_the_demo_before_anything_is_written(tmp_path, demo_env, spark_resource):
+    config = demo_config(tmp_path, spark_resource, "badsql")
+    (tmp_path / "bad.sql").write_text(VIEWS.replace("sum(price)", "sum(prize)"))
+    command = [sys.executable, "-m", "dagster_project.cli", "--config", str(config), "demo", "--sql", "bad.sql", "--steps", "1"]
+    done = subprocess.run(command, env={**demo_env, "PYTHONPATH": str(PROJECT)}, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "bad.sql:2, view 'revenue'" in done.stdout and "prize" in done.stdout, done.stdout
+    assert not (tmp_path / "dbsp" / "pipelines" / "badsql").exists()
+
+
 def served(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2):
