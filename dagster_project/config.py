@@ -1,7 +1,7 @@
 """The pipelines a code location serves, as pydantic models validated when definitions load.
 
-A pipeline is a circuit (a ``module:function`` returning a :class:`circuits.Circuit`), a
-Kafka topic per input handle, and settings.  They are read from the YAML file named by
+A pipeline is a circuit (a ``module:function`` returning a :class:`circuits.Circuit`, or a
+file of SQL views compiled into one), a Kafka topic per input handle, and settings.  They are read from the YAML file named by
 ``DBSP_CONFIG`` (default ``dbsp.yaml`` in the working directory); without one, the
 embedded Nexmark demo pipeline is served.  Every error names the field and the fix.
 """
@@ -24,14 +24,20 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pyspark import SparkContext
+from pyspark.sql import SparkSession
 from pyspark.sql.utils import is_remote
 
 from circuits.circuit import Circuit
 from circuits.errors import DbspError
+from circuits.library.nexmark_queries import NEXMARK_SQL
+from circuits.sql import SqlError, View, compile_sql, parse_views
+from circuits.sql.parse import read_tables, views_read
+from circuits.zset import parse_schema
 from sensors.gateway.config import GatewaySpec, SourceSpec
 
 CONFIG_ENV = "DBSP_CONFIG"
@@ -70,16 +76,29 @@ class PipelineSpec(BaseModel):
     """One incremental pipeline: circuit, sources and settings."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _circuit: Circuit | None = PrivateAttr(None)
 
     name: str = Field(description="identifier: lowercase letters, digits and '_', starting with a letter")
-    circuit: str = Field(description="'package.module:function' returning the circuits.Circuit to maintain")
+    circuit: str | None = Field(
+        None, description="'package.module:function' returning the circuits.Circuit to maintain (or sql:, not both)"
+    )
+    sql: str | None = Field(
+        None,
+        description="a file of CREATE MATERIALIZED VIEW / CREATE TEMPORARY VIEW name AS SELECT ... statements over "
+        "the sources' handles, relative to the configuration file (or circuit:, not both)",
+    )
+    schemas: dict[str, str] = Field(
+        default_factory=dict,
+        description="for sql:, the Spark DDL schema of a source handle, e.g. {persons: 'id BIGINT, name STRING'}; "
+        "without it, the producer module's SCHEMAS",
+    )
     sources: dict[str, str] = Field(
         description="the Kafka topic of each circuit input, e.g. {bids: nexmark.bids}; every input needs one"
     )
     sinks: list[SinkSpec] = Field(
+        default_factory=list,
         description="the circuit outputs to publish, one Dagster asset each: names, or {name: ..., current: false} "
-        "to keep only the change log",
-        min_length=1,
+        "to keep only the change log; for sql:, every materialized view by default",
     )
     topic_partitions: int = Field(4, gt=0, description="partitions of the topics the embedded broker creates")
     workers: int = Field(2, gt=0, description="workers (Spark tasks) the state's vnodes are spread over")
@@ -120,12 +139,6 @@ class PipelineSpec(BaseModel):
             raise ValueError(f"{name!r} is not an identifier: use lowercase letters, digits and '_', starting with a letter")
         return name
 
-    @model_validator(mode="after")
-    def _bags_are_sinks(self) -> "PipelineSpec":
-        if set(self.bags) - set(self.sink_names):
-            raise ValueError(f"bags: {sorted(set(self.bags) - set(self.sink_names))} are not sinks; the sinks are {self.sink_names}")
-        return self
-
     @field_validator("circuit", "producer")
     @classmethod
     def _importable(cls, path: str | None) -> str | None:
@@ -133,14 +146,110 @@ class PipelineSpec(BaseModel):
             load_object(path)
         return path
 
+    @field_validator("sql")
+    @classmethod
+    def _sql_file(cls, path: str | None, info: ValidationInfo) -> str | None:
+        """The file's absolute path, once its views parse (syntax, constructs, names, cycles)."""
+        if path is None:
+            return None
+        located = Path((info.context or {}).get("base", ".")).joinpath(path).absolute()
+        try:
+            parse_views(located.read_text(), str(located))
+        except OSError as e:
+            raise ValueError(f"cannot read {located} ({e.strerror}); the path is relative to the configuration file") from None
+        except SqlError as e:
+            raise ValueError(str(e)) from None
+        return str(located)
+
+    @field_validator("schemas")
+    @classmethod
+    def _ddl(cls, schemas: dict[str, str]) -> dict[str, str]:
+        for handle, ddl in schemas.items():
+            try:
+                parse_schema(ddl)
+            except Exception as e:  # noqa: BLE001 - Spark's DDL parser raises several kinds
+                untyped = [c.strip() for c in ddl.split(",") if len(c.split()) < 2 and not set(c) & set(":<>")]
+                if not untyped and not _spark_there():
+                    continue  # a nested type, for Spark's parser when the run opens its session
+                reason = f"{untyped[0]!r} has no type" if untyped else str(e)
+                raise ValueError(f"{handle}: {ddl!r} is not a Spark DDL schema ({reason}); write it as 'id BIGINT, name STRING'") from None
+        return schemas
+
+    @model_validator(mode="after")
+    def _one_definition(self) -> "PipelineSpec":
+        if (self.circuit is None) == (self.sql is None):
+            raise ValueError("circuit, sql: give exactly one: circuit: 'package.module:function', or sql: views.sql")
+        if self.sql is not None:
+            self._check_sql_tables()
+            if not self.sinks:  # frozen: the default is set once, here
+                object.__setattr__(self, "sinks", [SinkSpec(name=v.name) for v in self.sql_views if v.materialized])
+        if not self.sinks:
+            raise ValueError("sinks: name at least one output of the circuit to publish")
+        return self
+
+    @model_validator(mode="after")
+    def _bags_are_sinks(self) -> "PipelineSpec":
+        if set(self.bags) - set(self.sink_names):
+            raise ValueError(f"bags: {sorted(set(self.bags) - set(self.sink_names))} are not sinks; the sinks are {self.sink_names}")
+        return self
+
+    def _check_sql_tables(self) -> None:
+        names = {v.name.lower() for v in self.sql_views}
+        for view in self.sql_views:
+            unknown = sorted(read_tables(view.query) - names - {h.lower() for h in self.sources})
+            if unknown:
+                raise ValueError(str(view.error(
+                    f"reads {unknown}, neither a source nor a view of the file; the sources are {sorted(self.sources)}"
+                )))
+
+    @cached_property
+    def sql_views(self) -> list[View]:
+        """The views of ``sql:``, each after the views it reads (empty for ``circuit:``)."""
+        return parse_views(Path(self.sql).read_text(), self.sql) if self.sql else []
+
+    def view_sql(self, name: str) -> str | None:
+        """The SQL text of view ``name``, for a ``sql:`` pipeline."""
+        return next((v.text for v in self.sql_views if v.name == name), None)
+
+    def view_reads(self, name: str) -> list[str]:
+        """The materialized views that view ``name`` reads, directly or through temporary views."""
+        view = next((v for v in self.sql_views if v.name == name), None)
+        read = views_read(view, self.sql_views, through_materialized=False) if view else set()
+        return [v.name for v in self.sql_views if v.name.lower() in read]
+
+    def input_schemas(self) -> dict[str, str]:
+        """Each source's DDL: ``schemas:``, else the producer module's ``SCHEMAS``."""
+        produced = getattr(importlib.import_module(self.producer.partition(":")[0]), "SCHEMAS", {}) if self.producer else {}
+        schemas = {h: self.schemas.get(h) or produced.get(h) for h in self.sources}
+        missing = sorted(h for h, ddl in schemas.items() if ddl is None)
+        if missing:
+            raise ValueError(f"schemas: give the Spark DDL schema of {missing}, e.g. {{{missing[0]}: 'id BIGINT, name STRING'}}")
+        return schemas
+
     @model_validator(mode="after")
     def _matches_circuit(self) -> "PipelineSpec":
-        circuit = _built(self.build_circuit)
+        circuit = _built(self.build_circuit) if self.circuit else self._compiled_if_session()
         if circuit is not None:
             self.check(circuit)
         return self
 
-    def build_circuit(self) -> Circuit:
+    def _compiled_if_session(self) -> Circuit | None:
+        """The SQL compiled now if a Spark session is there (names and types checked), else at the run."""
+        schemas = self.input_schemas()
+        session = SparkSession.getActiveSession()
+        return None if session is None else self._compile(session, schemas)
+
+    def _compile(self, session: SparkSession, schemas: dict[str, str]) -> Circuit:
+        try:
+            return compile_sql(Path(self.sql).read_text(), schemas, session, name=self.name, file=self.sql)
+        except SqlError as e:
+            raise ValueError(f"sql: {e}") from None
+
+    def build_circuit(self, session: SparkSession | None = None) -> Circuit:
+        if self.sql is not None:
+            if session is None:
+                raise ValueError(f"sql: compiling {self.sql} needs a Spark session; open one before the pipeline")
+            return self._compile(session, self.input_schemas())
         circuit = load_object(self.circuit)()
         if not isinstance(circuit, Circuit):
             raise ValueError(f"circuit: {self.circuit} returned {type(circuit).__name__}, not a circuits.Circuit")
@@ -159,13 +268,20 @@ class PipelineSpec(BaseModel):
             raise ValueError(f"sinks: {sorted(unknown)} are not outputs of the circuit; its outputs are {sorted(circuit.outputs)}")
         return circuit
 
-    @cached_property
+    def circuit_for(self, session: SparkSession | None) -> Circuit:
+        """The circuit, built once and checked against the sources and sinks; a ``sql:``
+        file compiles in ``session``."""
+        if self._circuit is None:
+            try:
+                self._circuit = self.check(self.build_circuit(session))
+            except ValueError as e:
+                raise ConfigError(f"pipeline {self.name!r}: {e}") from None
+        return self._circuit
+
+    @property
     def circuit_def(self) -> Circuit:
-        """The circuit, built and checked against the sources and sinks (needs a running Spark)."""
-        try:
-            return self.check(self.build_circuit())
-        except ValueError as e:
-            raise ConfigError(f"pipeline {self.name!r}: {e}") from None
+        """The circuit (needs a running Spark: a ``sql:`` file compiles in this thread's active session)."""
+        return self.circuit_for(SparkSession.getActiveSession())
 
 
 def _built(build: Callable[[], Circuit]) -> Circuit | None:
@@ -174,7 +290,7 @@ def _built(build: Callable[[], Circuit]) -> Circuit | None:
     server, a CLI process before its session), Connect's stand in, so that a wrong source or
     sink fails the load; a circuit that needs a session to be built is left to the run's
     check (None)."""
-    if is_remote() or SparkContext._active_spark_context is not None:
+    if _spark_there():
         return build()
     os.environ[_CONNECT_MODE] = "1"
     try:
@@ -188,6 +304,11 @@ def _built(build: Callable[[], Circuit]) -> Circuit | None:
 
 
 _CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"  # what pyspark's is_remote() reads
+
+
+def _spark_there() -> bool:
+    """Whether Spark columns can be built here: Connect's, or a classic session's JVM."""
+    return is_remote() or SparkContext._active_spark_context is not None
 
 
 class ResourcesSpec(BaseModel):
@@ -247,9 +368,8 @@ DEMO = {
     "pipelines": [
         {
             "name": "nexmark",
-            "circuit": "circuits.library.nexmark_queries:nexmark_circuit",
+            "sql": str(NEXMARK_SQL),
             "sources": {"persons": "nexmark.persons", "auctions": "nexmark.auctions", "bids": "nexmark.bids"},
-            "sinks": ["bids_by_category", "q3", "q4", "q15"],
             "max_records_per_step": 5_000,
             "max_wait_seconds": 5,
             "producer": "circuits.library.nexmark:nexmark_records",
@@ -270,12 +390,13 @@ def load_project(path: str | None = None) -> ProjectSpec:
             data = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"{named or path}: cannot read the pipeline configuration: {e}") from e
-    return parse_project(data, path)
+    return parse_project(data, path, base=os.path.dirname(os.path.abspath(path)))
 
 
-def parse_project(data: object, source: str) -> ProjectSpec:
+def parse_project(data: object, source: str, base: str = ".") -> ProjectSpec:
+    """The project of ``data``; paths in it (``sql:``) are relative to ``base``."""
     try:
-        project = ProjectSpec.model_validate(data)
+        project = ProjectSpec.model_validate(data, context={"base": base})
     except ValidationError as e:
         raise ConfigError(f"{source}: {describe_errors(e, ProjectSpec)}") from None
     project._source = source

@@ -2,10 +2,12 @@
 
 Starts the bundled broker, produces Nexmark events to its topics, ticks the Kafka offset
 sensor (which records each step's division in Delta and adds the step partition), runs
-each requested step through Dagster on local Spark, and finally checks the maintained q4,
-read back from its output Delta table, against Spark batch SQL over the input log.
+each requested step through Dagster on local Spark, and finally checks each maintained
+view, read back from its output Delta table, against Spark batch SQL of the view's own
+text (the pipeline's ``sql:`` file, else the demo's ``nexmark.sql``) over the input log.
 """
 
+import os
 import re
 import shutil
 import time
@@ -19,7 +21,8 @@ from pyspark.sql import functions as F
 
 from circuits.daemon import listening
 from circuits.errors import DbspError
-from circuits.library.nexmark_queries import RECOMPUTE_SQL
+from circuits.library.nexmark_queries import NEXMARK_SQL
+from circuits.sql import batch_views
 from circuits.zset import WEIGHT
 from storage.logs import STEP, DivisionLog, read_steps
 from storage.pipeline import Pipeline, status
@@ -68,8 +71,8 @@ class StepReport:
 @dataclass
 class DemoResult:
     steps: list[StepReport]
-    q4: Counter
-    q4_matches: bool | None  # None: not checked (a step failed)
+    q4: Counter  # empty if the pipeline has no q4
+    matches: dict[str, bool] | None  # per view; None: not checked (a step failed)
     dead_letters: str = ""  # their count, and where to read them
 
     @property
@@ -83,16 +86,20 @@ class DemoResult:
 
     @property
     def succeeded(self) -> bool:
-        return bool(self.steps) and self.q4_matches is True and self.failed_step is None
+        return bool(self.steps) and bool(self.matches) and all(self.matches.values()) and self.failed_step is None
 
 
 def run_demo(
-    project: ProjectSpec, steps: int, events_per_step: int, seed: int, reset: bool, progress: Progress
+    project: ProjectSpec, steps: int, events_per_step: int, seed: int, reset: bool, progress: Progress,
+    sql: str | None = None,
 ) -> DemoResult:
-    """Produces ``steps`` batches of events; each becomes one step run through Dagster."""
-    base = project.pipelines[0]
+    """Produces ``steps`` batches of events; each becomes one step run through Dagster.
+    ``sql``: a file of views over the demo's inputs, run instead of the pipeline's definition."""
+    base = project.pipelines[0].model_dump()
+    if sql is not None:
+        base.update(sql=os.path.abspath(sql), circuit=None, sinks=[], bags=[])
     # One step per batch: cut as soon as a batch is there.
-    spec = PipelineSpec(**{**base.model_dump(), "max_records_per_step": events_per_step, "max_wait_seconds": 0})
+    spec = PipelineSpec(**{**base, "max_records_per_step": events_per_step, "max_wait_seconds": 0})
     project = project.model_copy(update={"pipelines": [spec], "sources": []})  # its resources, and their file
     defs = build_definitions(project)
     instance = DagsterInstance.get()
@@ -108,6 +115,8 @@ def run_demo(
     progress.line(f"broker {source.bootstrap_servers}, topics {', '.join(sorted(source.topics.values()))}")
     with progress.phase(_spark_phase(spark)):
         session = spark.session()
+    with progress.phase("compiling the pipeline's circuit"):
+        spec.circuit_for(session)  # a SQL view Spark cannot analyse fails here, before anything is produced or divided
     progress.line(f"state under {root}")
     reports = []
     for _ in range(steps):
@@ -126,9 +135,9 @@ def run_demo(
     dead_letters = dead_letters_note(root)
     if not all(r.succeeded for r in reports):  # the server may be gone with the step: nothing to check
         return DemoResult(reports, Counter(), None, dead_letters)
-    with progress.phase("checking q4 against Spark batch SQL over the input log"):
-        pipeline = Pipeline(session, root, spec.circuit_def, workers=spec.workers)
-        return _check_q4(pipeline, reports, dead_letters)
+    with progress.phase("checking each view against Spark batch SQL over the input log"):
+        pipeline = Pipeline(session, root, spec.circuit_for(session), workers=spec.workers)
+        return _check_views(pipeline, spec, reports, dead_letters)
 
 
 def _events(root: str, step: int) -> tuple[int, int]:
@@ -216,15 +225,19 @@ def _names(cls: type) -> set[str]:
     return {cls.__name__, *(name for sub in cls.__subclasses__() for name in _names(sub))}
 
 
-def _check_q4(pipeline: Pipeline, reports: list[StepReport], dead_letters: str) -> DemoResult:
-    """q4 integrated from its output log against Spark SQL over the integrated input log."""
+def _check_views(pipeline: Pipeline, spec: PipelineSpec, reports: list[StepReport], dead_letters: str) -> DemoResult:
+    """Each sink integrated from its output log against Spark batch SQL of the same view's
+    text over the integrated input log."""
     last = status(pipeline.root).committed_step - 1
     spark = pipeline.spark
-    for handle in pipeline.circuit.inputs:
-        integral(read_steps(spark, pipeline.inputs.uri(handle), 0, last)).createOrReplaceTempView(handle)
-    recomputed = Counter(tuple(r) for r in spark.sql(RECOMPUTE_SQL["q4"]).collect())
-    maintained = Counter(tuple(r) for r in integral(pipeline.outputs.read("q4", 0, last)).collect())
-    return DemoResult(reports, maintained, _rounded(maintained) == _rounded(recomputed), dead_letters)
+    inputs = {h: integral(read_steps(spark, pipeline.inputs.uri(h), 0, last)) for h in pipeline.circuit.inputs}
+    sql = spec.sql or str(NEXMARK_SQL)
+    recomputed = batch_views(spark, open(sql).read(), inputs, sql)
+    maintained = {name: Counter(tuple(r) for r in integral(pipeline.outputs.read(name, 0, last)).collect())
+                  for name in spec.sink_names if name in recomputed}
+    matches = {name: _rounded(rows) == _rounded(Counter(tuple(r) for r in recomputed[name].collect()))
+               for name, rows in maintained.items()}
+    return DemoResult(reports, maintained.get("q4", Counter()), matches, dead_letters)
 
 
 def integral(changes: DataFrame) -> DataFrame:

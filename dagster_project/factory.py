@@ -101,9 +101,8 @@ def build_pipeline(spec: PipelineSpec, gateway_topics: frozenset[str] = frozense
 
 
 def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource) -> Pipeline:
-    return Pipeline(
-        spark.session(), store.pipeline_root(spec.name), spec.circuit_def, workers=spec.workers, views=spec.views
-    )
+    session = spark.session()
+    return Pipeline(session, store.pipeline_root(spec.name), spec.circuit_for(session), workers=spec.workers, views=spec.views)
 
 
 def _run_gone(instance):
@@ -124,16 +123,7 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         for name in spec.sink_names
         if name not in spec.bags
     ]
-    specs = [
-        AssetSpec(
-            key,
-            description=f"Changes of view {name!r} of pipeline {spec.name!r}, one partition per step (Delta table)"
-            + (f"; its current contents: the Delta table views/{name}." if name in spec.views else "."),
-            group_name=spec.name,
-            kinds={"spark", "delta"},
-        )
-        for name, key in keys.items()
-    ]
+    specs = [_sink_spec(spec, name, key, keys) for name, key in keys.items()]
 
     @multi_asset(
         name=f"{spec.name}_steps",
@@ -166,6 +156,22 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
             yield AssetCheckResult(asset_key=keys[name], check_name=check, passed=bad == 0, metadata={"bad_rows": bad})
 
     return steps
+
+
+def _sink_spec(spec: PipelineSpec, name: str, key: AssetKey, keys: dict[str, AssetKey]) -> AssetSpec:
+    """A sink's asset; a SQL view's shows its query, and depends on the published views it
+    reads (through temporary views too), so the asset graph draws the lineage between views."""
+    description = f"Changes of view {name!r} of pipeline {spec.name!r}, one partition per step (Delta table)" + (
+        f"; its current contents: the Delta table views/{name}." if name in spec.views else "."
+    )
+    sql = spec.view_sql(name)
+    reads = [keys[v] for v in spec.view_reads(name) if v in keys]
+    metadata = {"sql": MetadataValue.md(f"```sql\n{sql}\n```"), "sql_file": MetadataValue.path(spec.sql)} if sql else {}
+    if sql:
+        description += f"\n\n```sql\n{sql}\n```"
+    return AssetSpec(
+        key, description=description, group_name=spec.name, kinds={"spark", "delta"}, deps=reads, metadata=metadata
+    )
 
 
 PREVIEW_ROWS = 10

@@ -9,33 +9,15 @@ from pyspark.sql import functions as F
 
 from .. import agg
 from ..circuit import Circuit, Stream
-from ..sql import compile_sql
+from ..sql import compile_sql, standalone_sql
 from .nexmark import SCHEMAS
 
 NEXMARK_SQL = Path(__file__).with_name("nexmark.sql")
 """The demo's four views as a file of SQL views (the circuits below, written in SQL)."""
 
-# The same views in Spark SQL over tables named after the inputs: what a batch job would
-# recompute from scratch (the demo's check and the benchmarks' peer).
-RECOMPUTE_SQL = {
-    "bids_by_category": (
-        "SELECT a.category, sum(b.price) AS revenue, count(*) AS bids "
-        "FROM bids b JOIN auctions a ON b.auction = a.id GROUP BY a.category"
-    ),
-    "q4": (
-        "SELECT category, avg(final) AS avg_final FROM (SELECT a.id, a.category, max(b.price) AS final "
-        "FROM auctions a JOIN bids b ON a.id = b.auction WHERE b.date_time BETWEEN a.date_time AND a.expires "
-        "GROUP BY a.id, a.category) GROUP BY category"
-    ),
-    "q3": (
-        "SELECT p.name, p.city, p.state, a.id FROM auctions a JOIN persons p ON a.seller = p.id "
-        "WHERE a.category = 10 AND p.state IN ('OR', 'ID', 'CA')"
-    ),
-    "q15": (
-        "SELECT date_format(timestamp_millis(date_time), 'yyyy-MM-dd') AS day, count(*) AS total_bids, "
-        "count(DISTINCT bidder) AS total_bidders, count(DISTINCT auction) AS total_auctions FROM bids GROUP BY 1"
-    ),
-}
+RECOMPUTE_SQL = standalone_sql(NEXMARK_SQL.read_text(), str(NEXMARK_SQL))
+"""Each view of :data:`NEXMARK_SQL` as one Spark SQL query over tables named after the
+inputs: what a batch job recomputes from scratch (the benchmarks' peer)."""
 
 
 def bids_by_category(auctions: Stream, bids: Stream) -> Stream:

@@ -168,3 +168,18 @@ def _in_dependency_order(views: list[View]) -> list[View]:
     for view in views:
         visit(view, [])
     return ordered
+
+
+def views_read(view: View, views: list[View], through_materialized: bool = True) -> set[str]:
+    """The names (lower case) of the views of ``views`` that ``view`` reads, directly or
+    through other views: every one, or, if not ``through_materialized``, the materialized
+    ones it reaches directly or through temporary views (its lineage)."""
+    by_name = {v.name.lower(): v for v in views}
+    found, todo = set(), list(read_tables(view.query))
+    while todo:
+        name = todo.pop()
+        if name in by_name and name not in found:
+            found.add(name)
+            if through_materialized or not by_name[name].materialized:
+                todo += read_tables(by_name[name].query)
+    return found if through_materialized else {n for n in found if by_name[n].materialized}

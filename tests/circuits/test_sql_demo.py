@@ -36,3 +36,19 @@ def test_sql_demo_equals_hand_built_circuits(spark, compiled, workers, steps):
         want, got = (runner.step(inputs).collect_outputs() for runner in runners)
         for name in hand_built.outputs:
             assert zset(got[name]) == zset(want[name]), f"step {t}, workers={workers}, view {name}"
+
+
+def test_the_standalone_queries_of_the_demo_file_equal_its_views_in_batch(spark):
+    """RECOMPUTE_SQL (the benchmarks' batch peer) is the file's text, temporary views inlined."""
+    from circuits.library.nexmark import SCHEMAS, nexmark_records
+    from circuits.library.nexmark_queries import NEXMARK_SQL, RECOMPUTE_SQL
+    from circuits.sql import batch_views
+
+    records = nexmark_records(0, 2_000)
+    tables = {h: spark.createDataFrame([tuple(r.values()) for r in rows], SCHEMAS[h]) for h, rows in records.items()}
+    views = batch_views(spark, NEXMARK_SQL.read_text(), tables)
+    assert set(RECOMPUTE_SQL) == set(views) == {"bids_by_category", "q3", "q4", "q15"}
+    assert "WITH `finals` AS (" in RECOMPUTE_SQL["q4"]
+    for name, frame in views.items():
+        want = sorted(frame.collect())
+        assert want and sorted(spark.sql(RECOMPUTE_SQL[name]).collect()) == want, name

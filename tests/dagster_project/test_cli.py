@@ -114,7 +114,8 @@ def test_the_demo_shows_progress_a_line_per_step_and_logs_the_rest(tmp_path, dem
     assert len(steps) == 2, screen
     assert re.match(r"step 0: events 0\.\.300, rows 300 in / \d+ out, [\d.]+ s \(.*compute [\d.]+", steps[0]), steps
     assert steps[1].startswith("step 1: events 300..600, rows 300 in /"), steps
-    assert "q4 equals Spark batch SQL over the whole input log: yes" in screen
+    for view in ("bids_by_category", "q3", "q4", "q15"):
+        assert f"{view} equals Spark batch SQL: yes" in screen, screen
     assert "asset checks: 16 of 16 passed" in screen  # 2 steps x (4 views consolidated + 4 sets)
     assert any("Kafka broker on port" in line and "`dbsp stop` stops it" in line for line in screen), screen
     assert "⠋" in output or "0:00:0" in output, "no live progress line was drawn"
@@ -134,6 +135,39 @@ def test_the_demo_prints_plain_lines_when_not_on_a_terminal(tmp_path, demo_env, 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "\x1b" not in done.stdout and "\r" not in done.stdout and done.stderr == ""
     assert [line for line in done.stdout.splitlines() if line.startswith("step ")][0].startswith("step 0: events 0..100")
+
+
+VIEWS = """\
+CREATE TEMPORARY VIEW priced AS SELECT b.price, a.category FROM bids b JOIN auctions a ON b.auction = a.id;
+CREATE MATERIALIZED VIEW revenue AS SELECT category, sum(price) AS revenue, count(*) AS bids FROM priced GROUP BY category;
+CREATE MATERIALIZED VIEW busy AS SELECT category FROM revenue WHERE bids > 3 AND category IN (SELECT category FROM auctions);
+CREATE MATERIALIZED VIEW sellers AS SELECT DISTINCT p.state FROM persons p JOIN auctions a ON a.seller = p.id;
+"""
+
+
+def test_the_demo_runs_the_views_of_a_sql_file_and_checks_each(tmp_path, demo_env, spark_resource):
+    config = demo_config(tmp_path, spark_resource, "sqldemo")
+    (tmp_path / "mine.sql").write_text(VIEWS)
+    # This tree's CLI (the installed `dbsp` may be another checkout's).
+    command = [sys.executable, "-m", "dagster_project.cli", "--config", str(config), "demo", "--sql", "mine.sql"]
+    done = subprocess.run([*command, "--steps", "2", "--events-per-step", "200"], env={**demo_env, "PYTHONPATH": str(PROJECT)},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line for line in lines if " equals Spark batch SQL: " in line] == [
+        f"{view} equals Spark batch SQL: yes" for view in ("revenue", "busy", "sellers")
+    ], lines
+
+
+def test_a_sql_file_spark_cannot_analyse_fails_the_demo_before_anything_is_written(tmp_path, demo_env, spark_resource):
+    config = demo_config(tmp_path, spark_resource, "badsql")
+    (tmp_path / "bad.sql").write_text(VIEWS.replace("sum(price)", "sum(prize)"))
+    command = [sys.executable, "-m", "dagster_project.cli", "--config", str(config), "demo", "--sql", "bad.sql", "--steps", "1"]
+    done = subprocess.run(command, env={**demo_env, "PYTHONPATH": str(PROJECT)}, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "bad.sql:2, view 'revenue'" in done.stdout and "prize" in done.stdout, done.stdout
+    assert not (tmp_path / "dbsp" / "pipelines" / "badsql").exists()
 
 
 def served(port: int) -> bool:

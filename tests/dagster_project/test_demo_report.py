@@ -55,3 +55,11 @@ def test_a_failed_demo_stops_without_checking_q4_and_says_where_the_trace_is():
     assert "dbsp demo stopped after step 1 failed; its full trace is in the log below" in lines
     assert not any("q4" in line for line in lines), lines
     assert "dead letters (...): 0" in lines and lines[-1].endswith("/logs/demo.log")
+
+
+def test_a_view_unequal_to_spark_batch_sql_says_no_and_fails_the_demo():
+    steps = [StepReport(0, (0, 10), True, 1.0, checks=2, checks_passed=2)]
+    result = DemoResult(steps, Counter(), {"revenue": True, "busy": False}, "dead letters (...): 0")
+    lines = _demo_summary(result, "", "/logs/demo.log")
+    assert "revenue equals Spark batch SQL: yes" in lines and "busy equals Spark batch SQL: no" in lines
+    assert not result.succeeded
