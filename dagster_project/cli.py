@@ -110,7 +110,7 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def klogs_demo(args: argparse.Namespace) -> int:
-    """The word count of seed 003 (KLogs) through Dagster: its sink prints a JSON line per
+    """The KLogs paper's word count through Dagster: its sink prints a JSON line per
     total on the terminal; Dagster's events and Spark's output go to the log."""
     path = log_path(home("logs"), "klogs-demo")
     with output_to_log(path, echo=args.verbose) as terminal, contextlib.redirect_stdout(terminal):
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--sql", metavar="FILE", help="run the Nexmark inputs through the views of this SQL file instead")
     d.set_defaults(run=demo)
 
-    k = commands.add_parser("klogs-demo", help="the word count of seed 003 (KLogs) through Dagster, printing its totals")
+    k = commands.add_parser("klogs-demo", help="the KLogs paper's word count through Dagster, printing its totals")
     k.add_argument("--one-step", action="store_true", help="all four messages in one step (default: a step per message)")
     k.add_argument("--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)")
     k.set_defaults(run=klogs_demo)

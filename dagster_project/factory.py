@@ -278,7 +278,7 @@ def evaluate_sensor(spec, policy, partitions, instance, root: str, kafka: KafkaR
     once; so a tick that died after recording a division loses nothing."""
     try:
         source = kafka.source(spec)
-        # Demand-based flush (seed 004): the gateway hands over its partly filled buffers now,
+        # Demand-based flush (docs/gateway.md): the gateway hands over its partly filled buffers now,
         # so the step about to be cut holds every record it has read.
         figures, unflushed = _flush_gateway(gateway_fed)
         cut = cut_next(DivisionLog(root), source.client(), list(source.topics.values()), policy)
