@@ -1,4 +1,4 @@
-"""The gateway's I/O threads as ICADD workers (seed 001, issue 16 "Live"): live rescale.
+"""The gateway's I/O threads as ICADD workers: live rescale.
 
 Each I/O thread of the executor is worker ``w``: source K (its id) runs on worker
 ``F(K, W)``, the owner of K's vnode in the current layout (:class:`~.icadd.Placement`,
