@@ -23,9 +23,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from storage.database import DeltaStateStore  # noqa: E402
-from storage.logs import DivisionLog, Range  # noqa: E402
-from storage.pipeline import status  # noqa: E402
+from storage.database import DeltaStateStore
+from storage.logs import DivisionLog, Range
+from storage.pipeline import status
 
 
 def run(store: DeltaStateStore, divisions: DivisionLog) -> None:

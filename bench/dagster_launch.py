@@ -30,17 +30,17 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter  # noqa: E402
-from dagster._core.instance.ref import InstanceRef  # noqa: E402
-from dagster_graphql import DagsterGraphQLClient  # noqa: E402
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster._core.instance.ref import InstanceRef
+from dagster_graphql import DagsterGraphQLClient
 
-from circuits.daemon import free_port  # noqa: E402
-from circuits.library.nexmark import nexmark_records  # noqa: E402
-from circuits.spark import stop_connect_server  # noqa: E402
-from dagster_project.config import DEMO, parse_project  # noqa: E402
-from dagster_project.factory import produce_events  # noqa: E402
-from dagster_project.resources import KafkaResource  # noqa: E402
-from sensors.broker import stop_local_broker  # noqa: E402
+from circuits.daemon import free_port
+from circuits.library.nexmark import nexmark_records
+from circuits.spark import stop_connect_server
+from dagster_project.config import DEMO, parse_project
+from dagster_project.factory import produce_events
+from dagster_project.resources import KafkaResource
+from sensors.broker import stop_local_broker
 
 PIPELINE = "nexmark"
 TIMEOUT = 600.0

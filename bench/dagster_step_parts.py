@@ -71,7 +71,7 @@ def main() -> None:
     seconds: Counter = Counter()
     timed(seconds)
     rows: dict[str, list[dict]] = {}
-    run_step = demo._run_step  # noqa: SLF001 - the demo's step, measured as it runs
+    run_step = demo._run_step
 
     def measured(*a, **k):
         done = sum(len(v) for v in rows.values())
@@ -87,7 +87,7 @@ def main() -> None:
         rows.setdefault("checks in the run's process" if local else "checks by one Spark job", []).append(figures)
         return report
 
-    demo._run_step = measured  # noqa: SLF001
+    demo._run_step = measured
     try:
         demo.run_demo(project, args.warmup + args.steps, args.events, 0, True, Progress(sys.stderr, live=False))
     finally:

@@ -160,7 +160,7 @@ class Observer:
         """Waits until the UI has seen every event posted so far (jobs end before a step returns)."""
         try:
             self.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(30_000)
-        except Exception:  # noqa: BLE001 - an internal API: fall back to waiting a little
+        except Exception:
             time.sleep(1.0)
 
     def jobs(self) -> list[dict]:

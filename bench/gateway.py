@@ -51,14 +51,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from sensors.broker import LocalBroker, ensure_topics, local_producer_config  # noqa: E402
-from sensors.gateway.delivery import Delivery  # noqa: E402
-from sensors.gateway.executor import AsyncSourceExecutor  # noqa: E402
-from sensors.gateway.gateway import flush_on_idle  # noqa: E402
-from sensors.gateway.pool import BufferPool  # noqa: E402
-from sensors.gateway.sources import GeneratorSource, SyncGeneratorSource  # noqa: E402
+from sensors.broker import LocalBroker, ensure_topics, local_producer_config
+from sensors.gateway.delivery import Delivery
+from sensors.gateway.executor import AsyncSourceExecutor
+from sensors.gateway.gateway import flush_on_idle
+from sensors.gateway.pool import BufferPool
+from sensors.gateway.sources import GeneratorSource, SyncGeneratorSource
 
 TOPIC = "gateway-bench"
 

@@ -42,9 +42,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import on_spark  # noqa: E402
-from sensors.broker import LocalBroker  # noqa: E402
-from tests.sensors.gateway.test_rescale_live import check_view, grow_and_rescale  # noqa: E402
+from bench.common import on_spark
+from sensors.broker import LocalBroker
+from tests.sensors.gateway.test_rescale_live import check_view, grow_and_rescale
 
 BUCKET = 100_000_000  # ns
 
@@ -55,21 +55,20 @@ def figures(result: dict) -> dict:
     def during(t: int, slack: int = 0) -> bool:
         return any(a <= t <= b + slack for a, b, _ in windows)
 
-    def crossing(wrote: int, seen: int, moved: bool | None = None) -> bool:
+    def crossing(file: str, wrote: int, seen: int, moved: bool | None = None) -> bool:
         """In flight at some moment of a migration (of a file it moved, or did not)."""
-        return any(wrote <= b and seen >= a and (moved is None or (f in keys) == moved) for a, b, keys in windows
-                   for f in [file])
+        return any(wrote <= b and seen >= a and (moved is None or (file in keys) == moved) for a, b, keys in windows)
 
     def ms(values: list[float], q: float) -> float | None:
         return round(values[int(q * (len(values) - 1))], 1) if values else None
 
     stalls, unmoved = [], []
     for file, wrote, seen in result["seen"]:
-        if crossing(wrote, seen, True):
+        if crossing(file, wrote, seen, True):
             stalls.append((seen - wrote) / 1e6)
-        elif crossing(wrote, seen, False):
+        elif crossing(file, wrote, seen, False):
             unmoved.append((seen - wrote) / 1e6)
-    others = sorted((seen - wrote) / 1e6 for file, wrote, seen in result["seen"] if not crossing(wrote, seen))
+    others = sorted((seen - wrote) / 1e6 for file, wrote, seen in result["seen"] if not crossing(file, wrote, seen))
     stalls.sort()
     unmoved.sort()
     buckets: dict[int, int] = {}

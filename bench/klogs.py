@@ -19,14 +19,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import pandas as pd  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+import pandas as pd
+from common import on_spark
+from pyspark.sql import functions as F
 
-from circuits.klogs import KLog, deploy  # noqa: E402
-from storage.logs import Range  # noqa: E402
-from storage.pipeline import Pipeline  # noqa: E402
-
-from common import on_spark  # noqa: E402
+from circuits.klogs import KLog, deploy
+from storage.logs import Range
+from storage.pipeline import Pipeline
 
 LOG = "bench"
 

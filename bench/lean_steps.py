@@ -35,11 +35,11 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from circuits.library import nexmark_circuit  # noqa: E402
-from circuits.library.nexmark import NexmarkGenerator, nexmark_inputs  # noqa: E402
-from circuits.library.nexmark_queries import RECOMPUTE_SQL  # noqa: E402
-from storage.logs import Range, read_steps  # noqa: E402
-from storage.pipeline import Pipeline  # noqa: E402
+from circuits.library import nexmark_circuit
+from circuits.library.nexmark import NexmarkGenerator, nexmark_inputs
+from circuits.library.nexmark_queries import RECOMPUTE_SQL
+from storage.logs import Range, read_steps
+from storage.pipeline import Pipeline
 
 
 def measure(mode: str, url: str | None, events: int, steps: int, warmup: int, root: str) -> dict:

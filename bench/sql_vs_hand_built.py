@@ -21,12 +21,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from circuits.library import nexmark_circuit  # noqa: E402
-from circuits.library.nexmark import NexmarkGenerator, nexmark_inputs  # noqa: E402
-from circuits.library.nexmark_queries import nexmark_sql_circuit  # noqa: E402
-from circuits.spark import local_session  # noqa: E402
-from storage.logs import Range  # noqa: E402
-from storage.pipeline import Pipeline  # noqa: E402
+from circuits.library import nexmark_circuit
+from circuits.library.nexmark import NexmarkGenerator, nexmark_inputs
+from circuits.library.nexmark_queries import nexmark_sql_circuit
+from circuits.spark import local_session
+from storage.logs import Range
+from storage.pipeline import Pipeline
 
 
 def main() -> None:

@@ -210,7 +210,7 @@ def try_structured_streaming(
             .foreachBatch(sink)
             .start()
         )
-    except Exception as error:  # noqa: BLE001 - any refusal is the finding
+    except Exception as error:
         return f"refused at start: `{first_line(error)}`"
     try:
         handle.processAllAvailable()

@@ -22,15 +22,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from deltalake import DeltaTable  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+from common import on_spark
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
 
-from circuits import Circuit, from_rows  # noqa: E402
-from storage import views  # noqa: E402
-from storage.logs import Range  # noqa: E402
-from storage.pipeline import Pipeline  # noqa: E402
-
-from common import on_spark  # noqa: E402
+from circuits import Circuit, from_rows
+from storage import views
+from storage.logs import Range
+from storage.pipeline import Pipeline
 
 SCHEMA = "k bigint, v bigint"
 

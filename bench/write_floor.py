@@ -73,7 +73,7 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
             for name, writer in ways.items():
                 df = rows(spark, first, size, auction_count)
                 first, write = first + size, write + 1
-                seconds = timed(lambda df=df, writer=writer: writer(df, f"w{write}"))
+                seconds = timed(lambda df=df, writer=writer, write=write: writer(df, f"w{write}"))
                 if repeat:
                     times.setdefault((name, size), []).append(seconds)
     per_state_row = recompute_per_row(spark, args.state, args.repeats)

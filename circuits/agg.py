@@ -10,7 +10,7 @@ def count(column: str | None = None) -> Agg:
     return Agg("count", column)
 
 
-def sum(column: str) -> Agg:  # noqa: A001 - the SQL name, used as agg.sum
+def sum(column: str) -> Agg:
     return Agg("sum", column)
 
 
@@ -18,11 +18,11 @@ def avg(column: str) -> Agg:
     return Agg("avg", column)
 
 
-def min(column: str) -> Agg:  # noqa: A001
+def min(column: str) -> Agg:
     return Agg("min", column)
 
 
-def max(column: str) -> Agg:  # noqa: A001
+def max(column: str) -> Agg:
     return Agg("max", column)
 
 

@@ -12,9 +12,9 @@ import hashlib
 import inspect
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -73,7 +73,7 @@ class Circuit:
         """Where nodes added now are declared, when not in Python (a SQL view's file and
         line); else the caller's file and line."""
 
-    def input(self, name: str, schema: T.StructType | str) -> "Stream":
+    def input(self, name: str, schema: T.StructType | str) -> Stream:
         """An input handle whose deltas have ``schema`` (a StructType or DDL string) plus a weight."""
         _check_name("input", name)
         if name in self.inputs:
@@ -84,7 +84,7 @@ class Circuit:
         self.inputs[name] = parsed
         return self._add(ops.Input(name, parsed), ())
 
-    def output(self, name: str, stream: "Stream") -> None:
+    def output(self, name: str, stream: Stream) -> None:
         """Publishes ``stream`` (consolidated each step) as output handle ``name``."""
         _check_name("output", name)
         if name in self.outputs:
@@ -92,11 +92,11 @@ class Circuit:
         self._own(stream)
         self.outputs[name] = stream.node
 
-    def _own(self, stream: "Stream") -> None:
+    def _own(self, stream: Stream) -> None:
         if stream.circuit is not self:
             raise CircuitDefinitionError(f"a stream of circuit {stream.circuit.name!r} used in {self.name!r}")
 
-    def _add(self, operator: ops.Operator, inputs: Sequence["Stream"]) -> "Stream":
+    def _add(self, operator: ops.Operator, inputs: Sequence[Stream]) -> Stream:
         for s in inputs:
             self._own(s)
         node = Node(len(self.nodes), operator, tuple(s.node for s in inputs), self.declaring or _call_site())
@@ -180,7 +180,7 @@ class Circuit:
             return True
         return node.operator.keeps_consolidation and self._consolidated(node.inputs[0])
 
-    def check(self, spark: SparkSession) -> "Checked":
+    def check(self, spark: SparkSession) -> Checked:
         """Plans a step on empty inputs and no state: finds every unresolvable expression
         before any data is read.  Returns the schemas (weight included) of the outputs and
         of every node's delta."""
@@ -224,14 +224,14 @@ class Stream:
         self.circuit = circuit
         self.node = node
 
-    def _then(self, operator: ops.Operator, *others: "Stream") -> "Stream":
-        return self.circuit._add(operator, (self, *others))  # noqa: SLF001 - the builder's own API
+    def _then(self, operator: ops.Operator, *others: Stream) -> Stream:
+        return self.circuit._add(operator, (self, *others))
 
     # linear
-    def filter(self, condition: Column | str) -> "Stream":
+    def filter(self, condition: Column | str) -> Stream:
         return self._then(ops.Filter(condition))
 
-    def select(self, *columns: Column | str, **named: Column | str) -> "Stream":
+    def select(self, *columns: Column | str, **named: Column | str) -> Stream:
         """Projection: column names or expressions, and ``name=expression`` pairs."""
         for name in named:
             _check_name("column", name)
@@ -242,23 +242,23 @@ class Stream:
 
     map = select
 
-    def flat_map(self, alias: str, array: Column, *keep: str) -> "Stream":
+    def flat_map(self, alias: str, array: Column, *keep: str) -> Stream:
         """One row per element of the array expression ``array`` (named ``alias``), beside ``keep``."""
         _check_name("column", alias)
         return self._then(ops.FlatMap(alias, array, tuple(keep)))
 
-    def union(self, *others: "Stream") -> "Stream":
+    def union(self, *others: Stream) -> Stream:
         return self._then(ops.Union(1 + len(others)), *others)
 
-    def negate(self) -> "Stream":
+    def negate(self) -> Stream:
         return self._then(ops.Negate())
 
-    def minus(self, other: "Stream") -> "Stream":
+    def minus(self, other: Stream) -> Stream:
         """``self - other`` as Z-sets (SQL ``EXCEPT ALL`` when ``other`` is contained in ``self``)."""
         return self.union(other.negate())
 
     # bilinear
-    def join(self, other: "Stream", on: str | Sequence[str], how: str = "inner") -> "Stream":
+    def join(self, other: Stream, on: str | Sequence[str], how: str = "inner") -> Stream:
         """Equi-join on columns named ``on`` on both sides; ``how`` is ``inner`` or ``left``."""
         keys = (on,) if isinstance(on, str) else tuple(on)
         if not keys:
@@ -267,10 +267,10 @@ class Stream:
             raise CircuitDefinitionError(f"join how={how!r} is not supported; use 'inner' or 'left'")
         return self._then(ops.Join(keys, how), other)
 
-    def left_join(self, other: "Stream", on: str | Sequence[str]) -> "Stream":
+    def left_join(self, other: Stream, on: str | Sequence[str]) -> Stream:
         return self.join(other, on, how="left")
 
-    def keyed_join(self, other: "Stream", on: Sequence[str], how: str, condition: str | None = None) -> "Stream":
+    def keyed_join(self, other: Stream, on: Sequence[str], how: str, condition: str | None = None) -> Stream:
         """A join of any of Spark's types (inner, left, right, full, left_semi, left_anti) on
         the columns ``on`` (both sides name them alike) and the Spark SQL ``condition``; see
         :class:`circuits.operators.KeyedJoin`."""
@@ -278,36 +278,36 @@ class Stream:
             raise CircuitDefinitionError("keyed_join() needs at least one key column in on=")
         return self._then(ops.KeyedJoin(tuple(on), how, condition), other)
 
-    def set_operation(self, other: "Stream", kind: str) -> "Stream":
+    def set_operation(self, other: Stream, kind: str) -> Stream:
         """SQL's ``EXCEPT [ALL]`` and ``INTERSECT [ALL]`` (``kind``: ``except``,
         ``except_all``, ``intersect``, ``intersect_all``); both sides name their columns alike."""
         return self._then(ops.SetOperation(kind), other)
 
     # non-linear
-    def distinct(self) -> "Stream":
+    def distinct(self) -> Stream:
         return self._then(ops.Distinct())
 
-    def default_row(self, *zeros: str) -> "Stream":
+    def default_row(self, *zeros: str) -> Stream:
         """This stream while its integral has rows, else one row of nulls (0 in ``zeros``):
         a global aggregate from an aggregate grouped by a constant."""
         return self._then(ops.DefaultRow(zeros))
 
-    def group_by(self, *keys: str) -> "GroupedStream":
+    def group_by(self, *keys: str) -> GroupedStream:
         if not keys:
             raise CircuitDefinitionError("group_by() needs at least one key column")
         return GroupedStream(self, keys)
 
     # time
-    def integrate(self) -> "Stream":
+    def integrate(self) -> Stream:
         return self._then(ops.Integrate())
 
-    def differentiate(self) -> "Stream":
+    def differentiate(self) -> Stream:
         return self._then(ops.Differentiate())
 
-    def delay(self) -> "Stream":
+    def delay(self) -> Stream:
         return self._then(ops.Delay())
 
-    def output(self, name: str) -> "Stream":
+    def output(self, name: str) -> Stream:
         self.circuit.output(name, self)
         return self
 
@@ -327,7 +327,7 @@ class GroupedStream:
                 raise CircuitDefinitionError(f"aggregate {name!r}: expected one of circuits.agg.{ops.AGG_KINDS}")
             if a.column is None and a.kind != "count":
                 raise CircuitDefinitionError(f"aggregate {name!r}: {a.kind} needs a column")
-        return self.stream._then(ops.Aggregate(self.keys, tuple(aggs.items())))  # noqa: SLF001
+        return self.stream._then(ops.Aggregate(self.keys, tuple(aggs.items())))
 
 
 def _as_column(e: Column | str) -> Column:

@@ -77,7 +77,7 @@ class Daemon:
                 try:
                     ready(None)
                     return False
-                except Exception:  # noqa: BLE001 - unhealthy: replaced below
+                except Exception:
                     self.stop()
             with open(self.log_path, "ab") as log:
                 process = subprocess.Popen(

@@ -64,7 +64,7 @@ its Kafka timestamp (milliseconds since the epoch; null when the record has none
 DEAD_LETTERS = "dead_letters"
 DEAD_LETTER_COLUMNS = (STAGE, KEY, VALUE, ORD, REASON)
 
-_building: contextvars.ContextVar["_Builder"] = contextvars.ContextVar("klogs_pipeline")
+_building: contextvars.ContextVar[_Builder] = contextvars.ContextVar("klogs_pipeline")
 
 
 class KLog:
@@ -75,16 +75,16 @@ class KLog:
         self._stream = stream
 
     @staticmethod
-    def named(name: str) -> "KLog":
+    def named(name: str) -> KLog:
         """The keyed log backed by topic ``name``."""
         if not name or name.startswith("_"):
             raise CircuitDefinitionError(f"keyed log name {name!r} is not allowed: give a topic name not starting with '_'")
         return KLog(name=name)
 
-    def partition(self, fn: Callable[[Any, Any], Sequence[Any]]) -> "KLog":
+    def partition(self, fn: Callable[[Any, Any], Sequence[Any]]) -> KLog:
         return partition(fn, self)
 
-    def loop(self, init: Any, fn: Callable[[Any, Any, Any], tuple[Any, Sequence[Any]]]) -> "KLog":
+    def loop(self, init: Any, fn: Callable[[Any, Any, Any], tuple[Any, Sequence[Any]]]) -> KLog:
         return loop(init, fn, self)
 
     def sink(self, fn: Callable[[Any, Any], None]) -> None:
@@ -121,7 +121,7 @@ def produce(klog: KLog, key: Any, value: Any, send: Callable[[str, bytes, bytes]
 
 @dataclass
 class _Builder:
-    circuit: "KLogsCircuit"
+    circuit: KLogsCircuit
     sources: dict[str, Stream] = field(default_factory=dict)
     dead: list[Stream] = field(default_factory=list)
     stages: int = 0
@@ -131,10 +131,10 @@ class _Builder:
         return f"{kind}_{self.stages}"
 
     def stream(self, klog: KLog) -> Stream:
-        if klog._stream is not None:  # noqa: SLF001 - the builder's own API
-            if klog._stream.circuit is not self.circuit:  # noqa: SLF001
+        if klog._stream is not None:
+            if klog._stream.circuit is not self.circuit:
                 raise CircuitDefinitionError(f"{klog!r} belongs to another pipeline")
-            return klog._stream  # noqa: SLF001
+            return klog._stream
         if klog.name not in self.sources:
             index = len(self.sources)
             records = self.circuit.input(klog.name, RECORD_SCHEMA)
@@ -184,7 +184,7 @@ def partition(fn: Callable[[Any, Any], Sequence[Any]], log: KLog) -> KLog:
     """Re-keys each message ``(k, v)`` to each key of ``fn(k, v)`` (zero, one or many)."""
     builder = _builder("partition")
     stage = builder.stage("partition")
-    return builder.tagged(builder.stream(log)._then(Partition(stage, fn)))  # noqa: SLF001
+    return builder.tagged(builder.stream(log)._then(Partition(stage, fn)))
 
 
 def loop(init: Any, fn: Callable[[Any, Any, Any], tuple[Any, Sequence[Any]]], log: KLog) -> KLog:
@@ -192,7 +192,7 @@ def loop(init: Any, fn: Callable[[Any, Any, Any], tuple[Any, Sequence[Any]]], lo
     from ``init``; the ``v2`` are the output's messages of key ``k``."""
     builder = _builder("loop")
     stage = builder.stage("loop")
-    return builder.tagged(builder.stream(log)._then(Loop(stage, init, fn)))  # noqa: SLF001
+    return builder.tagged(builder.stream(log)._then(Loop(stage, init, fn)))
 
 
 def sink(fn: Callable[[Any, Any], None], log: KLog) -> None:

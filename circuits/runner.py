@@ -169,7 +169,7 @@ class StepRunner:
         parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
         try:
             stored = self.store.materialize(parts)
-        except Exception as e:  # noqa: BLE001 - Spark's text of an executor's error: ours again when it is one
+        except Exception as e:
             ours = raised_on_executor(e, *self._executor_errors)
             if ours is None:
                 raise

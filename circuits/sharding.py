@@ -9,9 +9,9 @@ the Spark partition (the worker) that owns its vnode.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -75,7 +75,7 @@ class Layout:
             raise CircuitDefinitionError("every vnode must be owned by a worker in 0..workers-1")
 
     @classmethod
-    def balanced(cls, vnodes: int, workers: int) -> "Layout":
+    def balanced(cls, vnodes: int, workers: int) -> Layout:
         """Contiguous ranges of vnodes, sizes differing by at most one."""
         if vnodes < 1:
             raise CircuitDefinitionError(f"vnodes must be at least 1, got {vnodes}")
@@ -97,7 +97,7 @@ class Layout:
         return json.dumps({"workers": self.workers, "owners": list(self.owners), "shards": self.shards, "k": self.k})
 
     @classmethod
-    def from_json(cls, text: str) -> "Layout":
+    def from_json(cls, text: str) -> Layout:
         data = json.loads(text)
         return cls(tuple(data["owners"]), data["workers"], data.get("shards", 0), data.get("k", 0.0))
 

@@ -270,7 +270,7 @@ def _probe(url: str, log_path: str) -> str:
             return probe.get_configs("spark.app.id")[0]
         finally:
             probe.close()
-    except Exception as e:  # noqa: BLE001 - any failure means unhealthy
+    except Exception as e:
         raise SparkUnavailableError(f"the Spark Connect server at {url} does not answer ({e}); see {log_path}") from e
 
 
@@ -292,7 +292,7 @@ def round_trips(spark: SparkSession, trace: TextIO | None = None, seconds: Count
     first)."""
     calls: Counter = Counter()
     opened = time.perf_counter()
-    stub = spark.client._stub  # noqa: SLF001 - the client's RPCs have no public hook
+    stub = spark.client._stub
     originals = {name: getattr(stub, name) for name in ("ExecutePlan", "AnalyzePlan", "Config")}
 
     def counted(name: str, method):

@@ -8,7 +8,7 @@ negative weights are deletions.  Two Z-sets are equal when they are equal after
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -111,7 +111,7 @@ def parse_schema(schema: T.StructType | str) -> T.StructType:
     for column in schema.split(","):
         parts = column.replace(":", " ").split()
         if len(parts) != 2 or parts[1].lower() not in _PRIMITIVES:
-            return T._parse_datatype_string(schema)  # noqa: SLF001 - PySpark's DDL parser entry point
+            return T._parse_datatype_string(schema)
         fields.append(T.StructField(parts[0], _PRIMITIVES[parts[1].lower()]))
     return T.StructType(fields)
 

@@ -167,7 +167,7 @@ class PipelineSpec(BaseModel):
         for handle, ddl in schemas.items():
             try:
                 parse_schema(ddl)
-            except Exception as e:  # noqa: BLE001 - Spark's DDL parser raises several kinds
+            except Exception as e:
                 untyped = [c.strip() for c in ddl.split(",") if len(c.split()) < 2 and not set(c) & set(":<>")]
                 if not untyped and not _spark_there():
                     continue  # a nested type, for Spark's parser when the run opens its session
@@ -297,7 +297,7 @@ def _built(build: Callable[[], Circuit]) -> Circuit | None:
         return build()
     except ValueError:  # the configuration's fault (not a circuit, not importable)
         raise
-    except Exception:  # noqa: BLE001 - it needs a session
+    except Exception:
         return None
     finally:
         os.environ.pop(_CONNECT_MODE, None)

@@ -123,7 +123,7 @@ def run_demo(
         if not all(r.succeeded for r in reports):
             break  # the later steps would fail too: a step runs only after its predecessor
         with progress.phase(f"producing {events_per_step} events"):
-            start = produce_events(source, load_object(spec.producer), events_per_step, seed)
+            produce_events(source, load_object(spec.producer), events_per_step, seed)
         with progress.phase("sensor tick: recording the next step's division"):
             result = sensor(build_sensor_context(instance=instance, resources=resources))
         for request in result.dynamic_partitions_requests or []:

@@ -34,9 +34,16 @@ from dagster import (
 from circuits.sharding import Layout
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
+from sensors.gateway.control import (
+    call,
+    figures_of_steps,
+    flush_running,
+    record_figures,
+    record_unflushed,
+    require_running,
+    unflushed_steps,
+)
 from sensors.gateway.errors import GatewayError
-from sensors.gateway.control import (call, figures_of_steps, flush_running, record_figures, record_unflushed,
-                                     require_running, unflushed_steps)
 from sensors.ingest import KafkaSource, run_steps
 from sensors.status import report
 from storage import inspect, views

@@ -39,10 +39,9 @@ from functools import partial
 
 import pyarrow as pa
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, Message, TopicPartition
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql import Window
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from circuits.errors import raised_on_executor

@@ -45,7 +45,10 @@ def ingest(pipeline: Pipeline, source: KafkaSource, step: int) -> None:
         pipeline.inputs.persist(step, inputs, dead_letters, taken)
     except StorageError as e:
         # The job failed before anything was committed: the step stays unpersisted.
-        raise read_failed(e) or e
+        failed = read_failed(e)
+        if failed is None:
+            raise
+        raise failed from e
     finally:
         decoded.unpersist()
 

@@ -162,7 +162,7 @@ class KafkaClient:
             except BufferError:
                 # The local queue is full: wait for an acknowledgement to make room.
                 waiting = len(self._producer)
-                self._await(acks, topic, sent, lambda: len(self._producer) < waiting)
+                self._await(acks, topic, sent, lambda waiting=waiting: len(self._producer) < waiting)
 
     def _await(self, acks: _Acks, topic: str, sent: int, settled: Callable[[], bool]) -> None:
         """Serves acknowledgements until ``settled()``; fails once none came for ``self.timeout``

@@ -40,7 +40,7 @@ class KafkaSink:
         todo = [m for m in messages if (m.key_text, m.offset) not in done]
         if not todo:
             return
-        ends = lambda: json.dumps([[p, high] for (_, p), (_, high) in self.client.offsets([self.topic]).items()])  # noqa: E731
+        ends = lambda: json.dumps([[p, high] for (_, p), (_, high) in self.client.offsets([self.topic]).items()])
         start = tokens.intent(stage, step, epoch, ends)
         published = set() if start is None else self._tokens_since(json.loads(start))  # by a crashed attempt
         pending = [m for m in todo if token_of(stage, step, m) not in published]

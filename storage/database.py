@@ -444,5 +444,5 @@ def _openable(checkpoints: list[dict]) -> range:
 def _restore_table(table, version: int) -> None:
     try:
         table.restore(version)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise CorruptTableError(f"Delta table {table.table_uri}: cannot restore version {version}: {e}") from e

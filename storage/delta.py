@@ -176,7 +176,7 @@ def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFi
     packed = pack({name: df for name, (_, df) in parts.items()})
     try:
         described = map_in_arrow(packed, _writer(targets), FILES_SCHEMA, packed_columns(len(names))).collect()
-    except Exception as e:  # noqa: BLE001 - Spark wraps executor errors; translate at the boundary
+    except Exception as e:
         raise StorageError(f"writing tables {sorted(names)} failed: {e}") from e
     now = int(time.time() * 1000)
     written = {name: WrittenFiles(targets[i][0], targets[i][1], []) for i, name in enumerate(names)}

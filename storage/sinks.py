@@ -66,7 +66,7 @@ class Publisher(Protocol):
     """A sink object (see :class:`DeltaSink`): publishes a step's messages once, with the
     pipeline's token store at hand."""
 
-    def publish(self, stage: str, step: int, epoch: int, messages: list[Message], tokens: "TokenStore") -> None: ...
+    def publish(self, stage: str, step: int, epoch: int, messages: list[Message], tokens: TokenStore) -> None: ...
 
 
 def offset_of(ord_: Iterable[int]) -> str:
@@ -178,7 +178,7 @@ class CallSink:
         for m in todo:
             try:
                 self.fn(m.key, m.value)
-            except Exception as e:  # noqa: BLE001 - the user's function: the message is a dead letter
+            except Exception as e:
                 row = {"stage": stage, "key": m.key_text, "offset": m.offset, "step": step, "epoch": epoch}
                 dead.append({**row, "value": json.dumps(m.value), "reason": f"{type(e).__name__}: {e}"})
         if dead:

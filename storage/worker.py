@@ -25,7 +25,7 @@ RUN, PAUSE, PAUSED, STOP, STOPPED = "run", "pause", "paused", "stop", "stopped"
 
 
 class Worker:
-    def __init__(self, pipeline: "Pipeline", poll: float = 0.5) -> None:
+    def __init__(self, pipeline: Pipeline, poll: float = 0.5) -> None:
         self.pipeline = pipeline
         self.poll = poll
         self._cond = threading.Condition()
@@ -112,7 +112,7 @@ class Worker:
                     pipeline.state.commit()
                 failpoint("after_commit", step - 1)
             self.next_step = step
-        except BaseException as e:  # noqa: BLE001 - handed to the coordinator by stop()
+        except BaseException as e:
             self._error = e
         finally:
             with self._cond:

@@ -6,7 +6,7 @@ Z-sets here are ``Counter``s from row tuples to integer weights.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import duckdb
 from pyspark.sql import types as T

@@ -9,8 +9,8 @@ same events.  Times are epoch milliseconds (UTC).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 

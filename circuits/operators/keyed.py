@@ -224,7 +224,7 @@ class Partition(Operator):
                     continue
                 try:
                     keys = list(fn(json.loads(key), json.loads(value)))
-                except Exception as e:  # noqa: BLE001 - the user's function: the message is a dead letter
+                except Exception as e:
                     yield _dead(key, value, ord_, stage, _reason(e))
                     continue
                 for copy, new_key in enumerate(keys):
@@ -295,7 +295,7 @@ def _folder(stage: str, init: str, fn: Callable) -> Callable[[pd.DataFrame], pd.
                 try:
                     state, emitted = fn(json.loads(text), key_value, json.loads(value))
                     emitted = list(emitted)
-                except Exception as e:  # noqa: BLE001 - the user's function: the message is a dead letter
+                except Exception as e:
                     out.append((_DEAD, vnode, key, value, list(ord_), stage, _reason(e), None, 1))
                     continue
                 text = to_json("state", stage, key, state)

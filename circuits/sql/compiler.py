@@ -12,8 +12,8 @@ and types.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
@@ -47,7 +47,7 @@ class Rel:
     types: dict[str, T.DataType]
     """Each internal column's Spark type."""
 
-    def named(self, qualifier: str | None) -> "Rel":
+    def named(self, qualifier: str | None) -> Rel:
         return Rel(self.stream, [Col(qualifier, c.name, c.internal) for c in self.cols], self.types)
 
     def schema(self) -> T.StructType:
@@ -57,7 +57,7 @@ class Rel:
 @dataclass
 class _Scope:
     cols: list[Col]
-    outer: "_Scope | None" = None
+    outer: _Scope | None = None
     aliases: dict[str, exp.Expression] = field(default_factory=dict)
     """Select-list aliases that GROUP BY and HAVING may name (Spark resolves them)."""
 
@@ -169,11 +169,11 @@ class _Compiler:
             raise SqlError(f"{node.key.upper()} of {len(left.cols)} and {len(right.cols)} columns")
         common = self.types_of(
             T.StructType([*left.schema().fields, *right.schema().fields]),
-            {l.internal: f"coalesce({l.internal}, {r.internal})" for l, r in zip(left.cols, right.cols)},
+            {lc.internal: f"coalesce({lc.internal}, {rc.internal})" for lc, rc in zip(left.cols, right.cols)},
         )
         left_stream = left.stream.select(*[F.col(c).cast(t).alias(c) for c, t in common.items()])
         right_stream = right.stream.select(
-            *[F.col(r.internal).cast(common[l.internal]).alias(l.internal) for l, r in zip(left.cols, right.cols)]
+            *[F.col(rc.internal).cast(common[lc.internal]).alias(lc.internal) for lc, rc in zip(left.cols, right.cols)]
         )
         distinct = node.args.get("distinct") is not False
         if isinstance(node, exp.Union):
@@ -375,7 +375,7 @@ class _Compiler:
                 calls.setdefault(text, (self.fresh(), call))
         key_cols = [self.fresh() for _ in keys] or [self.fresh()]
         arguments, aggs = {}, {}
-        for text, (out, call) in calls.items():
+        for out, call in calls.values():
             kind, argument = _aggregate_kind(call)
             column = None
             if argument is not None:

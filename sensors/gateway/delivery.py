@@ -27,8 +27,8 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from storage.cursors import Cursors
 
-from ..errors import BrokerUnavailableError
 from ..decode import PARTIAL_HEADER, RANGE_HEADER, gateway_range
+from ..errors import BrokerUnavailableError
 from ..kafka import client_config, consumer_config
 from .pool import Buffer
 

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from storage.cursors import CursorStore, Cursors
+from storage.cursors import Cursors, CursorStore
 from storage.errors import StorageError
 
 from .config import FilesSpec, GatewaySpec, GeneratorSpec, HttpSpec, SourceSpec, TcpSpec
@@ -195,7 +195,7 @@ class Gateway:
             self.executor.submit(watcher.run())
         elif isinstance(group, TcpSpec):
             listener = TcpListener(group.host, group.port, self._adder(group.topic), prefix=group.name)
-            self.listeners[group.name] = "%s:%d" % listener.address
+            self.listeners[group.name] = "{}:{}".format(*listener.address)
             self.executor.submit(listener.run())
         elif isinstance(group, HttpSpec):
             self._adder(group.topic)(HttpPollSource(group.url, group.interval, source_id=group.name))
@@ -217,7 +217,7 @@ class Gateway:
     def _added(self, source: Source) -> None:
         """Before a source reads: it resumes at its cursor, and delivery tracks it."""
         with self._lock:
-            topic = self._topic_of.get(source.id) or self._topic_of[getattr(source, "path")]
+            topic = self._topic_of.get(source.id) or self._topic_of[source.path]
             moving = self._moving.pop(source.id, None)
         if moving is not None:  # moved from another worker: delivery goes on with its tail
             self.delivery.resume(source.id, moving.tail, moving.long_record)

@@ -46,8 +46,21 @@ from typing import Any
 from circuits.layouts import initial, rescale
 from circuits.sharding import DEFAULT_VNODES, Layout
 
-from .icadd import (DOWN, Acquire, Collect, Data, Distributor, Drop, Envelope, IcaddMessage, Interrogate, Out,
-                    Phase, Placement, Rules)
+from .icadd import (
+    DOWN,
+    Acquire,
+    Collect,
+    Data,
+    Distributor,
+    Drop,
+    Envelope,
+    IcaddMessage,
+    Interrogate,
+    Out,
+    Phase,
+    Placement,
+    Rules,
+)
 
 OPERATOR = "source"
 WEIGHTS = (0.02, 0.2, 1.0, 5.0)

@@ -44,7 +44,7 @@ from .errors import GatewayConfigError, GatewayError, SourceFailed, SourceGone, 
 log = logging.getLogger(__name__)
 
 
-class _Base(ABC):
+class _Base:
     """What sources of both kinds share: an id, whether they can re-read, and seeking."""
 
     rereadable: bool = False
@@ -68,7 +68,7 @@ class _Base(ABC):
         raise GatewayError(f"source {self.id!r} cannot read its bytes again, so it cannot seek")
 
 
-class Source(_Base):
+class Source(_Base, ABC):
     """A source of raw bytes driven by the executor on an event loop (see the module)."""
 
     async def open(self) -> None:
@@ -79,7 +79,7 @@ class Source(_Base):
         """Writes the next bytes into ``buffer``: how many (0 at end of stream)."""
 
 
-class SyncSource(_Base):
+class SyncSource(_Base, ABC):
     """A source whose ``fill`` blocks (a blocking client library); the executor runs each on
     a thread of its own.  The contract is :class:`Source`'s, synchronous; ``close`` may be
     called from another thread while ``fill`` blocks, and should make that ``fill`` return

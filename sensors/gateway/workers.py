@@ -70,8 +70,7 @@ from circuits.sharding import DEFAULT_VNODES, Layout
 
 from .errors import GatewayError
 from .executor import AsyncSourceExecutor
-from .icadd import (DOWN, Acquire, Collect, Data, Distributor, Drop, IcaddMessage, Interrogate, Out, Phase,
-                    Placement)
+from .icadd import DOWN, Acquire, Collect, Data, Distributor, Drop, IcaddMessage, Interrogate, Out, Phase, Placement
 from .sources import DirectoryWatcher, FileSource, Source, TcpSource
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings

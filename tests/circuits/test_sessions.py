@@ -30,7 +30,7 @@ def _server_session(url: str) -> str:
     client = SparkConnectClient(url)
     try:
         client.get_configs("spark.app.id")
-        return client._server_session_id  # noqa: SLF001 - the server's name for the session, learnt from an answer
+        return client._server_session_id
     finally:
         client.close()
 
@@ -44,7 +44,7 @@ def test_a_process_whose_named_session_was_closed_takes_its_own(connect_url):
     named = f"{connect_url.split('/;')[0]}/;session_id={uuid.uuid4()}"
     closing = SparkConnectClient(named)
     closing.get_configs("spark.app.id")
-    closed = closing._server_session_id  # noqa: SLF001
+    closed = closing._server_session_id
     closing.release_session()
     closing.close()
     count, session = _session_of_child(named)

@@ -30,7 +30,7 @@ def test_balanced_layout_is_within_one_vnode(vnodes, workers):
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 7, 16])
 def test_salts_route_each_worker_to_its_own_partition(workers):
     layout = Layout.balanced(256, workers)
-    partitions = [spark_hash_int(s) % workers for s in layout._salts]  # noqa: SLF001
+    partitions = [spark_hash_int(s) % workers for s in layout._salts]
     assert partitions == list(range(workers))
 
 

@@ -18,8 +18,8 @@ from dagster import Definitions, instance_for_test
 from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
 from sensors.broker import local_producer_config
-from sensors.kafka import KafkaClient
 from sensors.gateway.control import call, running_url
+from sensors.kafka import KafkaClient
 from storage.inspect import rows_of_steps
 from storage.logs import read_steps
 from storage.pipeline import status
@@ -142,7 +142,7 @@ def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kil
         if r == 1:
             # Killed once it delivered part of this round, after its last cursor commit: the
             # restarted gateway must find those bytes on the broker and not send them again.
-            wait_until(lambda: acked() > before, "part of the round to be delivered")
+            wait_until(lambda before=before: acked() > before, "part of the round to be delivered")
             gateway.kill()
             gateway.start()
         result = h.tick()  # flushes the gateway, cuts a step

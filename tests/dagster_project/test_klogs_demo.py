@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 import yaml
-from deltalake import DeltaTable
 from dagster import instance_for_test
+from deltalake import DeltaTable
 
 from circuits.klogs import DEAD_LETTERS
 from circuits.library.klogs_wordcount import SEED_MESSAGES, UPPER

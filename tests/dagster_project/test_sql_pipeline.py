@@ -9,8 +9,8 @@ import pytest
 from dagster import AssetKey, instance_for_test
 
 from circuits.library.nexmark import SCHEMAS
-from circuits.sql import batch_views
 from circuits.library.nexmark_queries import NEXMARK_SQL
+from circuits.sql import batch_views
 from dagster_project.config import ConfigError, load_project, parse_project
 
 from .harness import Harness, integral, project_settings

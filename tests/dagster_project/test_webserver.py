@@ -48,7 +48,7 @@ def test_backfill_and_run_launched_through_graphql(spark, spark_resource, broker
     steps = [f"{s:010d}" for s in range(2)]
 
     backfill = graphql(port, BACKFILL, {"params": {
-        "assetSelection": [{"path": [name, "bids_by_category"]}], "partitionNames": steps, 
+        "assetSelection": [{"path": [name, "bids_by_category"]}], "partitionNames": steps,
     }})["launchPartitionBackfill"]
     assert backfill["__typename"] == "LaunchBackfillSuccess", backfill
     wait_for(lambda: status(served.root).committed_step == 2, 300, "the backfill to commit steps 0 and 1")

@@ -7,9 +7,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from circuits.library.nexmark import SCHEMAS
+from circuits.library.nexmark_queries import revenue_circuit
 from circuits.zset import parse_schema, with_weight_schema
 from sensors.broker import LocalBroker, ensure_topics, local_producer_config
-from circuits.library.nexmark_queries import revenue_circuit
 from sensors.decode import read_failed, read_ranges, undelivered
 from sensors.errors import BrokerStalledError, BrokerUnavailableError, OffsetsLostError, SourceError
 from sensors.ingest import KafkaSource, ingest

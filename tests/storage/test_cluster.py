@@ -41,7 +41,7 @@ def cluster(tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster")
     port, ui = free_port(), free_port()
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    log = open(work / "cluster.log", "wb")  # noqa: SIM115 - closed at teardown
+    log = open(work / "cluster.log", "wb")
     daemons = [
         subprocess.Popen(
             [SPARK_CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],

@@ -1,6 +1,6 @@
 """The gateway's cursor table on Delta: what was committed last is what a restart loads."""
 
-from storage.cursors import CursorStore, Cursors
+from storage.cursors import Cursors, CursorStore
 
 
 def test_the_last_commit_is_what_loads_and_none_loads_empty(tmp_path):

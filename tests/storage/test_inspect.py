@@ -24,7 +24,7 @@ HISTORY = [("a", 1, 1, 0), ("b", None, 1, 0), ("c", 3, 2, 0), ("a", 1, 1, 1), ("
 
 def test_not_a_set_integrates_the_touched_rows_over_the_whole_log(spark):
     history = spark.createDataFrame(HISTORY, COLUMNS)
-    step = lambda s: history.where(history._step == s)  # noqa: E731
+    step = lambda s: history.where(history._step == s)
     # Step 1 made "a" a duplicate (weight 2); "b" (a null value) left, which is fine.
     assert not_a_set(history.where("_step <= 1"), step(1)).count() == 1
     # Step 2 touched "b" (back to 1), "d" (new) and an all-null row, twice: one bad row.

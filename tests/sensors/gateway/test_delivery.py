@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sensors.gateway.delivery import _Source, cut
-from storage.cursors import Cursors
 from sensors.gateway.gateway import resume_positions
+from storage.cursors import Cursors
 
 SIZE = 16
 

@@ -178,7 +178,7 @@ def test_flush_of_a_tcp_source_loses_nothing():
             sent += part
             time.sleep(0.02)
             executor.flush().result(2)
-            collector.wait(lambda: sum(len(d) for d in collector.data.values()) == len(sent))
+            collector.wait(lambda sent=sent: sum(len(d) for d in collector.data.values()) == len(sent))
         client.close()
         collector.ended(1)
     finally:

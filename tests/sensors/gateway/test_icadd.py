@@ -7,11 +7,27 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from hypothesis import HealthCheck, Phase as HPhase, find, given, settings, strategies as st, target
+from hypothesis import HealthCheck, find, given, settings, target
+from hypothesis import Phase as HPhase
+from hypothesis import strategies as st
 
 from circuits.layouts import initial, rescale
-from sensors.gateway.icadd import (DOWN, Acquire, Collect, Data, Distributor, Done, Drop, Envelope, Interrogate,
-                                   Phase, Placement, Rules, vnode_of_key, xxhash64)
+from sensors.gateway.icadd import (
+    DOWN,
+    Acquire,
+    Collect,
+    Data,
+    Distributor,
+    Done,
+    Drop,
+    Envelope,
+    Interrogate,
+    Phase,
+    Placement,
+    Rules,
+    vnode_of_key,
+    xxhash64,
+)
 from sensors.gateway.icadd_sim import Scenario, Violation, simulate
 
 W2 = initial(256, 2)

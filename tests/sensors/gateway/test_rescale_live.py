@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from dagster_project import cli
-from dagster_project.config import HOME_ENV
 from circuits import Circuit
 from circuits.layouts import initial, rescale
+from dagster_project import cli
+from dagster_project.config import HOME_ENV
 from sensors.broker import ensure_topics, local_producer_config
 from sensors.gateway.config import FilesSpec, GatewaySpec
 from sensors.gateway.control import call

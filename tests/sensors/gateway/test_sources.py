@@ -1,7 +1,6 @@
 """The provided sources, driven by hand or by the executor: TCP, files, HTTP, generators."""
 
 import asyncio
-import os
 import socket
 import threading
 import time
@@ -24,7 +23,6 @@ from sensors.gateway.sources import (
     generated_line,
     latest_generations,
 )
-
 
 CYCLE = bytes(range(251)) * 8000
 
