@@ -80,14 +80,20 @@ def child_ours(job: dict) -> dict:
         pipeline.submit(step, inputs, [Range("bench", 0, step, step + 1)])
     pipeline.run()
     done = time.perf_counter()
-    return {"import": imported - started, "session": connected - imported, "work": done - connected,
-            "phases": dict(pipeline.timings)}
+    return {
+        "import": imported - started,
+        "session": connected - imported,
+        "work": done - connected,
+        "phases": dict(pipeline.timings),
+    }
 
 
 def _auctions(spark, job: dict):
     from pyspark.sql import functions as F
 
-    return spark.read.schema(job["auction_schema"]).parquet(job["auctions"]).withColumn("_weight", F.lit(1).cast("bigint"))
+    return (
+        spark.read.schema(job["auction_schema"]).parquet(job["auctions"]).withColumn("_weight", F.lit(1).cast("bigint"))
+    )
 
 
 def child_ss(job: dict, mode: str) -> dict:
@@ -135,18 +141,32 @@ def child_ss(job: dict, mode: str) -> dict:
     for p in progress:  # over Connect the progress has no total: its sources have theirs
         p["rows"] = sum(source.get("numInputRows") or 0 for source in p.get("sources", []))
     ran = [p for p in progress if p["rows"] > 0]
-    state = [sum(op.get("numRowsTotal", 0) for op in p.get("stateOperators", [])) for p in progress if p.get("stateOperators")]
+    state = [
+        sum(op.get("numRowsTotal", 0) for op in p.get("stateOperators", []))
+        for p in progress
+        if p.get("stateOperators")
+    ]
     figures = {
-        "import": imported - started, "session": connected - imported, "work": done - connected,
-        "batches": sorted({p["batchId"] for p in ran}), "rows": sum(p["rows"] for p in ran),
+        "import": imported - started,
+        "session": connected - imported,
+        "work": done - connected,
+        "batches": sorted({p["batchId"] for p in ran}),
+        "rows": sum(p["rows"] for p in ran),
         "state_rows": state[-1] if state else None,
         "trigger_s": sum(p["durationMs"].get("triggerExecution", 0) for p in ran) / 1000,
         # Summed over the state store instances (2 per operator and store): the time to load
         # each one's state from the checkpoint, and how many did (0: a warm JVM's copy).
-        "rocksdb_load_s": sum(op.get("customMetrics", {}).get("rocksdbLoadLatencyMs", 0) for p in ran
-                              for op in p.get("stateOperators", [])) / 1000,
-        "loaded_from_checkpoint": sum(op.get("customMetrics", {}).get("rocksdbNumLoadedFromDfs", 0) for p in ran
-                                      for op in p.get("stateOperators", [])),
+        "rocksdb_load_s": sum(
+            op.get("customMetrics", {}).get("rocksdbLoadLatencyMs", 0)
+            for p in ran
+            for op in p.get("stateOperators", [])
+        )
+        / 1000,
+        "loaded_from_checkpoint": sum(
+            op.get("customMetrics", {}).get("rocksdbNumLoadedFromDfs", 0)
+            for p in ran
+            for op in p.get("stateOperators", [])
+        ),
         "duration_s": {k: sum(p["durationMs"].get(k, 0) for p in ran) / 1000 for k in PHASES},
     }
     if mode == "ss-classic":
@@ -160,7 +180,14 @@ def child_ss(job: dict, mode: str) -> dict:
 def run_child(job: dict, mode: str, log: str) -> dict:
     """Runs ``mode`` on ``job`` in a fresh process; its figures plus ``wall`` (spawn to exit)."""
     result = f"{log}.result"
-    command = [sys.executable, os.path.abspath(__file__), "--child", mode, "--job", json.dumps({**job, "result": result})]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        mode,
+        "--job",
+        json.dumps({**job, "result": result}),
+    ]
     ended: list = []
 
     def drain(stream) -> None:  # EOF once every holder of the pipe is gone: a classic JVM too
@@ -219,20 +246,35 @@ def measure(spark, url: str, ss_url: str, work: str, state: int, args, log: str)
     batch_files = []
     for i in range(rounds):
         target = os.path.join(staged, f"batch-{i}")
-        bids(spark, state + i * args.batch_rows, args.batch_rows, auction_count).drop("_weight").coalesce(1).write.parquet(target)
+        bids(spark, state + i * args.batch_rows, args.batch_rows, auction_count).drop("_weight").coalesce(
+            1
+        ).write.parquet(target)
         (part,) = [f for f in os.listdir(target) if f.endswith(".parquet")]
         batch_files.append(os.path.join(target, part))
-    print(f"\n{state:,} bids over {auction_count:,} auctions and {rounds} batch files written in "
-          f"{time.perf_counter() - started:.1f} s", flush=True)
+    print(
+        f"\n{state:,} bids over {auction_count:,} auctions and {rounds} batch files written in "
+        f"{time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
 
     root = os.path.join(base, "ours")
     ckpt, outs = os.path.join(base, "ss-checkpoint"), os.path.join(base, "ss-out")
     common_job = {
-        "url": url, "ss_url": ss_url, "schema": BID_SCHEMA, "auction_schema": AUCTION_SCHEMA,
-        "auctions": auctions_dir, "bids_dir": bids_dir, "root": root, "sql": RECOMPUTE_SQL[VIEW],
-        "ss_join": args.ss_join, "ss_conf": args.ss_conf,
-        "classic_conf": {"spark.driver.memory": args.driver_memory, "spark.ui.enabled": "false",
-                         "spark.ui.showConsoleProgress": "false"},
+        "url": url,
+        "ss_url": ss_url,
+        "schema": BID_SCHEMA,
+        "auction_schema": AUCTION_SCHEMA,
+        "auctions": auctions_dir,
+        "bids_dir": bids_dir,
+        "root": root,
+        "sql": RECOMPUTE_SQL[VIEW],
+        "ss_join": args.ss_join,
+        "ss_conf": args.ss_conf,
+        "classic_conf": {
+            "spark.driver.memory": args.driver_memory,
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+        },
     }
     loads = {}
     if "ours" in args.modes:
@@ -245,14 +287,17 @@ def measure(spark, url: str, ss_url: str, work: str, state: int, args, log: str)
         for other in ss_modes[1:]:
             shutil.copytree(f"{ckpt}-{first}", f"{ckpt}-{other}")
             shutil.copytree(f"{outs}-{first}", f"{outs}-{other}")
-        print(f"SS: first AvailableNow run (the load, {first}) {loads['ss']['wall']:.1f} s, "
-              f"state rows {loads['ss']['state_rows']}", flush=True)
+        print(
+            f"SS: first AvailableNow run (the load, {first}) {loads['ss']['wall']:.1f} s, "
+            f"state rows {loads['ss']['state_rows']}",
+            flush=True,
+        )
 
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     for i in range(rounds):
         moved = os.path.join(bids_dir, f"batch-{i:04d}.parquet")
         shutil.move(batch_files[i], moved)
-        order = args.modes[i % len(args.modes):] + args.modes[: i % len(args.modes)]
+        order = args.modes[i % len(args.modes) :] + args.modes[: i % len(args.modes)]
         line = []
         for mode in order:
             if mode == "ours":
@@ -261,13 +306,17 @@ def measure(spark, url: str, ss_url: str, work: str, state: int, args, log: str)
                 job = {**common_job, "checkpoint": f"{ckpt}-{mode}", "out": f"{outs}-{mode}"}
             figures = run_child(job, mode, log)
             if mode != "ours" and (figures["rows"] != args.batch_rows or len(figures["batches"]) != 1):
-                raise AssertionError(f"{mode} batch {i}: ran batches {figures['batches']} over {figures['rows']} rows, "
-                                     f"expected one batch of {args.batch_rows}")
+                raise AssertionError(
+                    f"{mode} batch {i}: ran batches {figures['batches']} over {figures['rows']} rows, "
+                    f"expected one batch of {args.batch_rows}"
+                )
             if i >= args.warmup:
                 runs[mode].append(figures)
             line.append(f"{mode} {figures['wall']:.2f} s (work {figures['work']:.2f})")
-        print(f"batch {i + 1}/{rounds}{' (warm-up)' if i < args.warmup else ''} [load {load()}]: "
-              + ", ".join(line), flush=True)
+        print(
+            f"batch {i + 1}/{rounds}{' (warm-up)' if i < args.warmup else ''} [load {load()}]: " + ", ".join(line),
+            flush=True,
+        )
 
     # Correctness: every side against Spark batch SQL over every file.
     spark.read.schema(BID_SCHEMA).parquet(bids_dir).createOrReplaceTempView("bids")
@@ -285,8 +334,11 @@ def measure(spark, url: str, ss_url: str, work: str, state: int, args, log: str)
         emitted = spark.read.parquet(f"{outs}-{mode}").withColumn("_rank", F.row_number().over(latest))
         got = Counter(tuple(r) for r in emitted.where("_rank = 1").select("category", "revenue", "bids").collect())
         verdicts[mode] = got == expected
-    print(f"final result equals Spark batch SQL ({sum(r[2] for r in expected)} bids in {len(expected)} categories): "
-          + ", ".join(f"{m} {'yes' if v else 'NO'}" for m, v in verdicts.items()), flush=True)
+    print(
+        f"final result equals Spark batch SQL ({sum(r[2] for r in expected)} bids in {len(expected)} categories): "
+        + ", ".join(f"{m} {'yes' if v else 'NO'}" for m, v in verdicts.items()),
+        flush=True,
+    )
     if not all(verdicts.values()):
         raise AssertionError(f"results differ from Spark batch SQL: {verdicts}")
     return {"runs": runs, "loads": loads}
@@ -313,30 +365,42 @@ def table(state: int, result: dict, args) -> list[str]:
         )
     if "ours" in runs:
         phases = sorted({p for r in runs["ours"] for p in r["phases"]})
-        lines.append("ours, step phases (median s): " + ", ".join(
-            f"{p} {statistics.median(r['phases'].get(p, 0.0) for r in runs['ours']):.2f}" for p in phases))
+        lines.append(
+            "ours, step phases (median s): "
+            + ", ".join(f"{p} {statistics.median(r['phases'].get(p, 0.0) for r in runs['ours']):.2f}" for p in phases)
+        )
     for mode in (m for m in runs if m != "ours"):
         rs = runs[mode]
         parts = ", ".join(f"{k} {statistics.median(r['duration_s'][k] for r in rs):.2f}" for k in rs[0]["duration_s"])
         tree = statistics.median(r["tree"] for r in rs)
-        lines.append(f"{mode}: spawn to the end of the process and its JVM, median {tree:.2f} s "
-                     f"({tree - med[mode]:+.2f} s after the Python process's exit)")
-        lines.append(f"{mode}: the batch's triggerExecution median {statistics.median(r['trigger_s'] for r in rs):.2f} s "
-                     f"({parts}); state rows {rs[-1]['state_rows']:,}; RocksDB load from the checkpoint, summed over "
-                     f"state store instances: {statistics.median(r['rocksdb_load_s'] for r in rs):.2f} s, "
-                     f"{statistics.median(r['loaded_from_checkpoint'] for r in rs):g} loaded")
+        lines.append(
+            f"{mode}: spawn to the end of the process and its JVM, median {tree:.2f} s "
+            f"({tree - med[mode]:+.2f} s after the Python process's exit)"
+        )
+        lines.append(
+            f"{mode}: the batch's triggerExecution median {statistics.median(r['trigger_s'] for r in rs):.2f} s "
+            f"({parts}); state rows {rs[-1]['state_rows']:,}; RocksDB load from the checkpoint, summed over "
+            f"state store instances: {statistics.median(r['rocksdb_load_s'] for r in rs):.2f} s, "
+            f"{statistics.median(r['loaded_from_checkpoint'] for r in rs):g} loaded"
+        )
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--state", type=int, nargs="+", default=[1_000_000, 10_000_000], help="bids of state (one run each)")
+    parser.add_argument(
+        "--state", type=int, nargs="+", default=[1_000_000, 10_000_000], help="bids of state (one run each)"
+    )
     parser.add_argument("--batches", type=int, default=5, help="timed batches per state size")
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded batches first")
     parser.add_argument("--batch-rows", type=int, default=1000)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--ss-join", choices=["stream", "static"], default="stream",
-                        help="SS reads the auctions as a stream (join state kept) or as a static DataFrame")
+    parser.add_argument(
+        "--ss-join",
+        choices=["stream", "static"],
+        default="stream",
+        help="SS reads the auctions as a stream (join state kept) or as a static DataFrame",
+    )
     parser.add_argument("--driver-memory", default="6g", help="of the Connect server and of each classic SS JVM")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
@@ -360,8 +424,11 @@ def main() -> None:
     if has_rocksdb:
         args.ss_conf["spark.sql.streaming.stateStore.providerClass"] = ROCKSDB
     print("command: python bench/available_now.py " + " ".join(sys.argv[1:]))
-    print(f"pyspark {pyspark.__version__}; SS state store: {'RocksDB' if has_rocksdb else 'default (HDFS-backed)'}; "
-          f"SS join: {args.ss_join}; load average at start: {load()}", flush=True)
+    print(
+        f"pyspark {pyspark.__version__}; SS state store: {'RocksDB' if has_rocksdb else 'default (HDFS-backed)'}; "
+        f"SS join: {args.ss_join}; load average at start: {load()}",
+        flush=True,
+    )
     work = tempfile.mkdtemp(prefix="dbsp-available-now-")
     server, port = os.path.join(work, "spark"), free_port()
     log = os.path.join(work, "children.log")

@@ -86,7 +86,9 @@ def step_reads(bootstrap: str, partitions: list[int], events: int, rounds: int, 
         ensure_topics(bootstrap, {t: count for t in topics.values()})
         for kind, records in nexmark_records(0, events).items():
             client.produce(topics[kind], [json.dumps(r).encode() for r in records])
-        ranges = [(t, p, low, high) for (t, p), (low, high) in client.offsets(list(topics.values())).items() if high > low]
+        ranges = [
+            (t, p, low, high) for (t, p), (low, high) in client.offsets(list(topics.values())).items() if high > low
+        ]
         times = []
         for _ in range(rounds):
             started = time.perf_counter()

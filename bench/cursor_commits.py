@@ -25,8 +25,9 @@ def measure(sources: int, commits: int) -> dict:
         store = CursorStore(f"{directory}/cursors")
         seconds = []
         for i in range(commits):
-            cursors = Cursors({("t", f"/landing/f{s:06d}.log"): 1000 * i + s for s in range(sources)},
-                              {("t", 0): i, ("t", 1): i})
+            cursors = Cursors(
+                {("t", f"/landing/f{s:06d}.log"): 1000 * i + s for s in range(sources)}, {("t", 0): i, ("t", 1): i}
+            )
             began = time.perf_counter()
             store.commit(cursors)
             seconds.append(time.perf_counter() - began)
@@ -35,9 +36,13 @@ def measure(sources: int, commits: int) -> dict:
         load = time.perf_counter() - began
     interval = GatewaySpec().cursor_commit_seconds
     median = statistics.median(seconds)
-    return {"sources": sources, "commit_ms_p50": round(1000 * median, 1),
-            "commit_ms_max": round(1000 * max(seconds), 1), "share_of_interval": round(median / interval, 4),
-            "load_ms": round(1000 * load, 1)}
+    return {
+        "sources": sources,
+        "commit_ms_p50": round(1000 * median, 1),
+        "commit_ms_max": round(1000 * max(seconds), 1),
+        "share_of_interval": round(median / interval, 4),
+        "load_ms": round(1000 * load, 1),
+    }
 
 
 def main() -> None:

@@ -78,7 +78,11 @@ class Served:
         self.log = open(os.path.join(root, "dev.log"), "w")
         dbsp = os.path.join(os.path.dirname(sys.executable), "dbsp")
         self.process = subprocess.Popen(
-            [dbsp, "dev", "-p", str(self.port)], cwd=root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+            [dbsp, "dev", "-p", str(self.port)],
+            cwd=root,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self._wait_for_webserver()
@@ -114,7 +118,9 @@ class Served:
     def _finished(self, job: str, seen: set[str]) -> dict:
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
-            new = [r for r in self.instance.get_run_records(RunsFilter(job_name=job)) if r.dagster_run.run_id not in seen]
+            new = [
+                r for r in self.instance.get_run_records(RunsFilter(job_name=job)) if r.dagster_run.run_id not in seen
+            ]
             if new and new[0].dagster_run.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
                 raise RuntimeError(f"run {new[0].dagster_run.run_id} of {job} ended {new[0].dagster_run.status}")
             if new and new[0].dagster_run.status == DagsterRunStatus.SUCCESS:
@@ -142,7 +148,9 @@ def line(name: str, samples: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, nargs="+", default=[1000, 5000], help="events per step, one size after another")
+    parser.add_argument(
+        "--events", type=int, nargs="+", default=[1000, 5000], help="events per step, one size after another"
+    )
     parser.add_argument("--steps", type=int, default=3, help="measured steps of each size (medians)")
     parser.add_argument("--warmup", type=int, default=3, help="unrecorded steps of the first size first")
     args = parser.parse_args()

@@ -40,7 +40,11 @@ from dagster_project.resources import SparkResource  # noqa: E402
 from sensors.broker import stop_local_broker  # noqa: E402
 from storage import inspect  # noqa: E402
 
-PARTS = {"checks": (inspect, "check_outputs"), "metadata": (factory, "_step_metadata"), "view_metadata": (factory, "_view_metadata")}
+PARTS = {
+    "checks": (inspect, "check_outputs"),
+    "metadata": (factory, "_step_metadata"),
+    "view_metadata": (factory, "_view_metadata"),
+}
 
 
 def timed(seconds: Counter) -> None:
@@ -82,7 +86,12 @@ def main() -> None:
         with round_trips(SparkResource(embedded_port=spark).session(), seconds=rpc_seconds) as calls:
             report = run_step(*a, **k)
         engine = sum(report.phases.values())
-        figures = {"wall": report.seconds, **report.phases, **seconds, "rest": report.seconds - engine - sum(seconds.values())}
+        figures = {
+            "wall": report.seconds,
+            **report.phases,
+            **seconds,
+            "rest": report.seconds - engine - sum(seconds.values()),
+        }
         figures |= {f"rpc/{k}": v for k, v in calls.items()}
         rows.setdefault("checks in the run's process" if local else "checks by one Spark job", []).append(figures)
         return report
@@ -94,7 +103,7 @@ def main() -> None:
         stop_connect_server(os.path.join(ROOT, "spark"), spark)
         stop_local_broker(broker, os.path.join(ROOT, "broker"))
     for kind, samples in rows.items():
-        samples = samples[args.warmup // (2 if args.alternate else 1):]
+        samples = samples[args.warmup // (2 if args.alternate else 1) :]
         keys = [k for k in samples[0] if all(k in s for s in samples)]
         medians = ", ".join(f"{k} {statistics.median(s[k] for s in samples):.2f}" for k in keys)
         print(f"{kind} ({len(samples)} steps, medians, seconds or calls): {medians}")

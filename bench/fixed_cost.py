@@ -98,7 +98,11 @@ class Sample:
 
 def epoch(timestamp: str) -> float:
     """A Spark REST API time (``2026-01-01T12:00:00.000GMT``) in seconds since the epoch."""
-    return datetime.strptime(timestamp.removesuffix("GMT"), "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
+    return (
+        datetime.strptime(timestamp.removesuffix("GMT"), "%Y-%m-%dT%H:%M:%S.%f")
+        .replace(tzinfo=timezone.utc)
+        .timestamp()
+    )
 
 
 def interval(job: dict) -> tuple[float, float]:
@@ -194,7 +198,9 @@ class Observer:
                 raise RuntimeError(f"Spark jobs {running} are still listed as running 30 s after the step returned")
             time.sleep(0.2)
         after = table_versions(self.root)
-        commits = Counter({path: v - versions.get(path, -1) for path, v in after.items() if v != versions.get(path, -1)})
+        commits = Counter(
+            {path: v - versions.get(path, -1) for path, v in after.items() if v != versions.get(path, -1)}
+        )
         if timings is not None:
             phases = {**phases, **{k: v - before[k] for k, v in timings.items() if v - before[k] > 0}}
         for job in jobs:
@@ -303,7 +309,9 @@ def serve(args: argparse.Namespace, bootstrap: str) -> tuple[Dagster, str, objec
 
 
 def measure(spark: SparkSession, args: argparse.Namespace, bootstrap: str | None) -> dict[str, list[Sample]]:
-    dagster, root, circuit = serve(args, bootstrap) if bootstrap else (None, os.path.join(args.root, "store", NAME), revenue_circuit())
+    dagster, root, circuit = (
+        serve(args, bootstrap) if bootstrap else (None, os.path.join(args.root, "store", NAME), revenue_circuit())
+    )
     pipeline = TracedPipeline(spark, root, circuit, workers=args.workers)
     observer = Observer(spark, root)
 
@@ -325,10 +333,16 @@ def measure(spark: SparkSession, args: argparse.Namespace, bootstrap: str | None
     auction_count = max(args.bids // 15, 1)
     started = time.perf_counter()
     direct(0, {"auctions": auctions(spark, auction_count), "bids": bids(spark, 0, args.bids, auction_count)})()
-    print(f"step 0: {args.bids:,} bids over {auction_count:,} auctions loaded in {time.perf_counter() - started:.1f} s", flush=True)
+    print(
+        f"step 0: {args.bids:,} bids over {auction_count:,} auctions loaded in {time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
 
     rounds = args.warmup + args.steps
-    produced = [json.dumps(r.asDict()).encode() for r in bids(spark, 2 * args.bids, rounds, auction_count).drop("_weight").collect()]
+    produced = [
+        json.dumps(r.asDict()).encode()
+        for r in bids(spark, 2 * args.bids, rounds, auction_count).drop("_weight").collect()
+    ]
     samples: dict[str, list[Sample]] = {}
     step, next_bid = 1, args.bids
     for i in range(rounds):
@@ -336,7 +350,9 @@ def measure(spark: SparkSession, args: argparse.Namespace, bootstrap: str | None
         traced = {"timings": pipeline.timings, "phase_at": pipeline.phase_at}
         measured["empty"] = observer.measure(direct(step, {}), **traced)
         step += 1
-        measured["one row"] = observer.measure(direct(step, {"bids": bids(spark, next_bid, 1, auction_count)}), **traced)
+        measured["one row"] = observer.measure(
+            direct(step, {"bids": bids(spark, next_bid, 1, auction_count)}), **traced
+        )
         step, next_bid = step + 1, next_bid + 1
         measured["no-op run"] = observer.measure(lambda: pipeline.run() and None, **traced)
         if dagster is not None:
@@ -346,15 +362,20 @@ def measure(spark: SparkSession, args: argparse.Namespace, bootstrap: str | None
             tick = time.perf_counter() - started
             if key != step_key(step):
                 raise RuntimeError(f"the sensor requested step {key}, expected {step_key(step)}")
-            measured["dagster one record"] = observer.measure(lambda key=key: dagster.run(key), phase_at=dagster.phase_at)
+            measured["dagster one record"] = observer.measure(
+                lambda key=key: dagster.run(key), phase_at=dagster.phase_at
+            )
             measured["dagster one record"].extra["tick"] = tick
             measured["dagster no-op"] = observer.measure(lambda key=key: dagster.run(key), phase_at=dagster.phase_at)
             step += 1
         if i >= args.warmup:
             for kind, sample in measured.items():
                 samples.setdefault(kind, []).append(sample)
-        print(f"round {i + 1}/{rounds}{' (warm-up)' if i < args.warmup else ''}: "
-              + ", ".join(f"{k} {s.wall:.2f} s" for k, s in measured.items()), flush=True)
+        print(
+            f"round {i + 1}/{rounds}{' (warm-up)' if i < args.warmup else ''}: "
+            + ", ".join(f"{k} {s.wall:.2f} s" for k, s in measured.items()),
+            flush=True,
+        )
     if dagster is not None:
         dagster.instance.dispose()
     return samples
@@ -409,7 +430,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded rounds before them")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-dagster", action="store_true", help="direct steps only (no broker, no Dagster)")
-    parser.add_argument("--root", default="/tmp/dbsp-bench-fixed", help="pipeline store and Dagster instance (deleted first)")
+    parser.add_argument(
+        "--root", default="/tmp/dbsp-bench-fixed", help="pipeline store and Dagster instance (deleted first)"
+    )
     args = parser.parse_args()
     shutil.rmtree(args.root, ignore_errors=True)
     os.makedirs(args.root)

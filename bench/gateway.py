@@ -130,7 +130,7 @@ class _Acked:
 
 
 class InProcessDelivery(Recorded, Delivery):
-    """"No broker": Delivery with its producer replaced by an in-process consumer thread that
+    """ "No broker": Delivery with its producer replaced by an in-process consumer thread that
     acknowledges every message at once (framing, bookkeeping and release are Delivery's)."""
 
     def __init__(self, release, on_failure):  # Delivery's state, without a producer
@@ -262,8 +262,9 @@ def child(config: dict) -> dict:
         delivery = BrokerDelivery(config["bootstrap"], local_producer_config(), pool.release, lambda *_: None)
     else:
         delivery = InProcessDelivery(pool.release, lambda *_: None)
-    executor = AsyncSourceExecutor(pool, delivery.deliver, 1, on_add=lambda s: delivery.add(s.id, TOPIC, 0, False),
-                                   idle=lambda: delivery.idle)
+    executor = AsyncSourceExecutor(
+        pool, delivery.deliver, 1, on_add=lambda s: delivery.add(s.id, TOPIC, 0, False), idle=lambda: delivery.idle
+    )
     flush_on_idle(delivery, executor)
     kind = TimedGenerator if side == "async" else TimedSyncGenerator
     sources = [kind(f"s{i:05d}", line_size, rate) for i in range(n)]
@@ -322,8 +323,9 @@ def child(config: dict) -> dict:
 def run_one(config: dict) -> dict:
     def spawn(extra: dict) -> dict:
         command = [sys.executable, os.path.abspath(__file__), "--child", json.dumps({**config, **extra})]
-        done = subprocess.run(command, capture_output=True, text=True,
-                              timeout=config["warmup"] + config["seconds"] + 120)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=config["warmup"] + config["seconds"] + 120
+        )
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode != 0 or not lines:
             raise RuntimeError(f"configuration {config} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -344,20 +346,26 @@ def report(shape: str, delivery: str, results: dict, counts: list[int], rate: fl
     label = "broker (tansu)" if delivery == "broker" else "no broker (in-process acknowledgement)"
     offered = f"{rate:,.0f} lines/s offered in all" if shape == "rate" else "unlimited generators"
     print(f"\n### {shape}: {offered}; {label}\n")
-    print("| N | side | acked lines/s | MB/s | messages/s | p50 ms | p99 ms | threads | RSS MB (peak) | "
-          "buffer waits (s) | gateway CPU | CPU us/line | broker CPU | start s |")
+    print(
+        "| N | side | acked lines/s | MB/s | messages/s | p50 ms | p99 ms | threads | RSS MB (peak) | "
+        "buffer waits (s) | gateway CPU | CPU us/line | broker CPU | start s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in counts:
         for side in ("async", "threads"):
             r = results.get((shape, delivery, n, side))
             if r is None:
                 continue
-            print(f"| {n:,} | {side} | {r['lines_per_s']:,.0f} | {r['mb_per_s']:.2f} | {r['messages_per_s']:,.0f} | "
-                  f"{_f(r['p50_ms'], ',.1f')} | {_f(r['p99_ms'], ',.1f')} | {r['threads']:,.0f} | "
-                  f"{r['rss_mb']:,.0f} ({r['rss_peak_mb']:,.0f}) | {r['waits']:,} ({r['wait_seconds']:,.1f}) | "
-                  f"{r['cpu']:.0%} | {_f(r['cpu'] / r['lines_per_s'] * 1e6 if r['lines_per_s'] else None, '.2f')} | "
-                  f"{_f(r['broker_cpu'], '.0%')} | {r['start_seconds']:.1f} |")
-    print("\n| N | async/threads lines/s | async/threads p99 | async at N / async at 10 | threads at N / threads at 10 |")
+            print(
+                f"| {n:,} | {side} | {r['lines_per_s']:,.0f} | {r['mb_per_s']:.2f} | {r['messages_per_s']:,.0f} | "
+                f"{_f(r['p50_ms'], ',.1f')} | {_f(r['p99_ms'], ',.1f')} | {r['threads']:,.0f} | "
+                f"{r['rss_mb']:,.0f} ({r['rss_peak_mb']:,.0f}) | {r['waits']:,} ({r['wait_seconds']:,.1f}) | "
+                f"{r['cpu']:.0%} | {_f(r['cpu'] / r['lines_per_s'] * 1e6 if r['lines_per_s'] else None, '.2f')} | "
+                f"{_f(r['broker_cpu'], '.0%')} | {r['start_seconds']:.1f} |"
+            )
+    print(
+        "\n| N | async/threads lines/s | async/threads p99 | async at N / async at 10 | threads at N / threads at 10 |"
+    )
     print("| --- | --- | --- | --- | --- |")
     base = {side: results.get((shape, delivery, counts[0], side)) for side in ("async", "threads")}
     verdict = []
@@ -374,10 +382,14 @@ def report(shape: str, delivery: str, results: dict, counts: list[int], rate: fl
             verdict.append((n, hold >= 0.9, ratio > 1.0))
     if verdict:
         met = all(h and b for _, h, b in verdict)
-        detail = "; ".join(f"N={n:,}: within 10% of N={counts[0]}: {'yes' if h else 'no'}, beats threads: "
-                           f"{'yes' if b else 'no'}" for n, h, b in verdict)
-        print(f"\nGoal (N >= 1,000: async within 10% of its {counts[0]}-source throughput and above "
-              f"thread-per-source): {'met' if met else 'NOT met'} ({detail})")
+        detail = "; ".join(
+            f"N={n:,}: within 10% of N={counts[0]}: {'yes' if h else 'no'}, beats threads: {'yes' if b else 'no'}"
+            for n, h, b in verdict
+        )
+        print(
+            f"\nGoal (N >= 1,000: async within 10% of its {counts[0]}-source throughput and above "
+            f"thread-per-source): {'met' if met else 'NOT met'} ({detail})"
+        )
 
 
 def main() -> None:
@@ -397,8 +409,9 @@ def main() -> None:
         print(json.dumps(child(json.loads(args.child))), flush=True)
         os._exit(0)  # the sources' threads and the producer are not waited for
 
-    print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}",
-          flush=True)
+    print(
+        f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}", flush=True
+    )
     results = {}
     position = 0
     for shape in args.shapes:
@@ -407,15 +420,27 @@ def main() -> None:
                 sides = ("async", "threads") if position % 2 == 0 else ("threads", "async")
                 position += 1
                 for side in sides:
-                    config = {"sources": n, "side": side, "shape": shape, "delivery": delivery,
-                              "seconds": args.seconds, "warmup": args.warmup, "rate": args.rate,
-                              "line_size": args.line_size, "buffer_size": args.buffer_size,
-                              "partitions": args.partitions}
+                    config = {
+                        "sources": n,
+                        "side": side,
+                        "shape": shape,
+                        "delivery": delivery,
+                        "seconds": args.seconds,
+                        "warmup": args.warmup,
+                        "rate": args.rate,
+                        "line_size": args.line_size,
+                        "buffer_size": args.buffer_size,
+                        "partitions": args.partitions,
+                    }
                     r = run_one(config)
                     results[(shape, delivery, n, side)] = r
-                    print(f"# {shape} {delivery} N={n} {side}: {r['lines_per_s']:,.0f} lines/s, "
-                          f"p99 {_f(r['p99_ms'], ',.1f')} ms, {r['threads']:.0f} threads, {r['rss_mb']:.0f} MB, "
-                          f"load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+                    print(
+                        f"# {shape} {delivery} N={n} {side}: {r['lines_per_s']:,.0f} lines/s, "
+                        f"p99 {_f(r['p99_ms'], ',.1f')} ms, {r['threads']:.0f} threads, {r['rss_mb']:.0f} MB, "
+                        f"load {os.getloadavg()[0]:.2f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             report(shape, delivery, results, args.sources, args.rate)
     print(f"\nload average at end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
 

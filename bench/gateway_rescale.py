@@ -92,8 +92,11 @@ def figures(result: dict) -> dict:
         "steady_lines_per_100ms": statistics.median(steady) if steady else None,
         "lowest_lines_per_100ms": min(dip) if dip else None,
         "lowest_steady_lines_per_100ms": min(steady) if steady else None,
-        "dip_seconds": round(sum(max(0.0, statistics.median(steady) - n) for n in dip) / statistics.median(steady) / 10, 2)
-        if steady and dip else None,
+        "dip_seconds": round(
+            sum(max(0.0, statistics.median(steady) - n) for n in dip) / statistics.median(steady) / 10, 2
+        )
+        if steady and dip
+        else None,
     }
 
 
@@ -102,8 +105,12 @@ def main() -> None:
     parser.add_argument("--sources", type=int, default=1000)
     parser.add_argument("--rounds", type=float, default=2.0, help="lines per second per file")
     parser.add_argument("--settle", type=float, default=1.5, help="seconds before, between and after the migrations")
-    parser.add_argument("--no-view", dest="view", action="store_false",
-                        help="skip the check of the view of a durable pipeline over each run's topic")
+    parser.add_argument(
+        "--no-view",
+        dest="view",
+        action="store_false",
+        help="skip the check of the view of a durable pipeline over each run's topic",
+    )
     parser.add_argument("--url", help="Spark Connect server for the view check (default: one started for it)")
     args = parser.parse_args()
     if not __debug__:
@@ -111,19 +118,27 @@ def main() -> None:
     with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         results = {}
         for name, stopped in (("icadd", False), ("stop-the-world", True)):
-            result = results[name] = grow_and_rescale(broker.bootstrap, Path(tmp) / name, sources=args.sources,
-                                                      stopped=stopped, rounds=args.rounds, settle=args.settle)
+            result = results[name] = grow_and_rescale(
+                broker.bootstrap,
+                Path(tmp) / name,
+                sources=args.sources,
+                stopped=stopped,
+                rounds=args.rounds,
+                settle=args.settle,
+            )
             f = figures(result)
             moves = ", ".join(f"{a}->{b}: {m} moved in {s * 1000:.0f} ms" for a, b, m, s in f["migrations"])
             print(f"{name:15s} {moves}; {f['lines']} lines, every one once and in order")
-            print(f"{'':15s} write->seen of the lines in flight during a migration: of the files it moved "
-                  f"({f['during']} lines) max {f['stall_max_ms']} ms, p99 {f['stall_p99_ms']} ms; of the files it did "
-                  f"not move ({f['unmoved']}) max {f['unmoved_max_ms']} ms, p99 {f['unmoved_p99_ms']} ms; the other "
-                  f"lines: p50 {f['other_p50_ms']} ms, p99 {f['other_p99_ms']} ms; lines seen per 100 ms: "
-                  f"median {f['steady_lines_per_100ms']} and lowest {f['lowest_steady_lines_per_100ms']} outside the "
-                  f"migrations, lowest {f['lowest_lines_per_100ms']} around them (to 0.5 s after); throughput lost around "
-                  f"them: {f['dip_seconds']} s of the median rate",
-                  flush=True)
+            print(
+                f"{'':15s} write->seen of the lines in flight during a migration: of the files it moved "
+                f"({f['during']} lines) max {f['stall_max_ms']} ms, p99 {f['stall_p99_ms']} ms; of the files it did "
+                f"not move ({f['unmoved']}) max {f['unmoved_max_ms']} ms, p99 {f['unmoved_p99_ms']} ms; the other "
+                f"lines: p50 {f['other_p50_ms']} ms, p99 {f['other_p99_ms']} ms; lines seen per 100 ms: "
+                f"median {f['steady_lines_per_100ms']} and lowest {f['lowest_steady_lines_per_100ms']} outside the "
+                f"migrations, lowest {f['lowest_lines_per_100ms']} around them (to 0.5 s after); throughput lost around "
+                f"them: {f['dip_seconds']} s of the median rate",
+                flush=True,
+            )
         if args.view:
             on_spark(lambda spark, work, _: views(spark, broker.bootstrap, results, work), args, "gateway-rescale-")
 
@@ -131,10 +146,15 @@ def main() -> None:
 def views(spark, bootstrap: str, results: dict[str, dict], work: str) -> None:
     for name, result in results.items():
         offsets = " | ".join(",".join(str(c[p]) for p in sorted(c)) for c in result["cuts"])
-        v = check_view(spark, bootstrap, result, os.path.join(work, name))  # raises on any line lost, repeated, out of order
-        print(f"{name:15s} view: all {v['lines']} lines of the {v['files']} files exactly once, each file in order "
-              f"(a prefix at every step's end), no dead letter; {v['steps']} steps ending at offsets {offsets} "
-              f"(partition 0,1); {v['seconds']} s", flush=True)
+        v = check_view(
+            spark, bootstrap, result, os.path.join(work, name)
+        )  # raises on any line lost, repeated, out of order
+        print(
+            f"{name:15s} view: all {v['lines']} lines of the {v['files']} files exactly once, each file in order "
+            f"(a prefix at every step's end), no dead letter; {v['steps']} steps ending at offsets {offsets} "
+            f"(partition 0,1); {v['seconds']} s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int) -> l
     recompute reads), each step's new bids appended as one more file."""
     auction_count = max(total_bids // 15, 1)
     step = stepper(spark, args.query, args.store, args.workers, args.root)
-    load = timed(lambda: step({"auctions": auctions(spark, auction_count), "bids": bids(spark, 0, total_bids, auction_count)}))
+    load = timed(
+        lambda: step({"auctions": auctions(spark, auction_count), "bids": bids(spark, 0, total_bids, auction_count)})
+    )
     peer = peer_session(spark)
     files = args.root.rstrip("/") + "-peer"
     auctions(peer, auction_count).drop(WEIGHT).write.mode("overwrite").parquet(os.path.join(files, "auctions"))
@@ -56,7 +58,9 @@ def measure(spark: SparkSession, args: argparse.Namespace, total_bids: int) -> l
         for _ in range(args.steps):
             batch = bids(spark, next_id, delta, auction_count)
             ours.append(timed(lambda batch=batch: step({"bids": batch})))
-            bids(peer, next_id, delta, auction_count).drop(WEIGHT).write.mode("append").parquet(os.path.join(files, "bids"))
+            bids(peer, next_id, delta, auction_count).drop(WEIGHT).write.mode("append").parquet(
+                os.path.join(files, "bids")
+            )
             next_id += delta
             auctions(peer, auction_count).drop(WEIGHT).createOrReplaceTempView("auctions")
             bids(peer, 0, next_id, auction_count).drop(WEIGHT).createOrReplaceTempView("bids")
@@ -104,8 +108,10 @@ def run(spark: SparkSession, _work: str | None, args: argparse.Namespace) -> Non
     mode = "classic" if args.classic else "Spark Connect"
     print(f"{args.query}, {args.store} store, {args.workers} workers, {mode}, median of {args.steps} steps")
     print("recompute: over generated inputs (spark.range) | over the inputs as Parquet files")
-    print(f"{'state bids':>11} {'delta':>8} {'load s':>7} {'step s':>7} {'recompute s':>11} {'step/recompute':>14}"
-          f" {'files s':>7} {'step/files':>10}")
+    print(
+        f"{'state bids':>11} {'delta':>8} {'load s':>7} {'step s':>7} {'recompute s':>11} {'step/recompute':>14}"
+        f" {'files s':>7} {'step/files':>10}"
+    )
     for total in args.bids:
         rows = measure(spark, args, total)
         for r in rows:

@@ -59,7 +59,7 @@ def plain_fold(pdf: pd.DataFrame) -> pd.DataFrame:
     for value in pdf["value"]:
         total, emitted = add(total, "", int(value))
         out += emitted
-    return pd.DataFrame({"key": pdf["key"].iloc[:len(out)], "offset": pdf["offset"].iloc[:len(out)], "total": out})
+    return pd.DataFrame({"key": pdf["key"].iloc[: len(out)], "offset": pdf["offset"].iloc[: len(out)], "total": out})
 
 
 def plain_step(spark, frame, path: str) -> None:

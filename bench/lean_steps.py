@@ -56,7 +56,14 @@ def measure(mode: str, url: str | None, events: int, steps: int, warmup: int, ro
 def _steps(spark, calls: Counter, events: int, steps: int, warmup: int, root: str) -> dict:
     pipeline = Pipeline(spark, root, nexmark_circuit(), workers=2)
     generator = NexmarkGenerator()
-    figures: dict[str, list] = {"step": [], "compute": [], "one_row_step": [], "one_row_compute": [], "rpcs": [], "one_row_rpcs": []}
+    figures: dict[str, list] = {
+        "step": [],
+        "compute": [],
+        "one_row_step": [],
+        "one_row_compute": [],
+        "rpcs": [],
+        "one_row_rpcs": [],
+    }
     step, first = 0, 0
 
     def run(inputs: dict, kind: str) -> None:
@@ -84,7 +91,9 @@ def _steps(spark, calls: Counter, events: int, steps: int, warmup: int, root: st
     for handle in pipeline.circuit.inputs:
         _integral(read_steps(spark, pipeline.inputs.uri(handle), 0, last)).createOrReplaceTempView(handle)
     recomputed = Counter(tuple(round(v, 6) for v in r) for r in spark.sql(RECOMPUTE_SQL["q4"]).collect())
-    maintained = Counter(tuple(round(v, 6) for v in r) for r in _integral(pipeline.outputs.read("q4", 0, last)).collect())
+    maintained = Counter(
+        tuple(round(v, 6) for v in r) for r in _integral(pipeline.outputs.read("q4", 0, last)).collect()
+    )
     figures["q4_matches"] = recomputed == maintained
     return figures
 
@@ -132,8 +141,20 @@ def main() -> None:
     lines = [f"demo circuit, {args.events} events per step, {args.steps} steps after {args.warmup} warm-up, medians"]
     try:
         for mode in args.modes:
-            child = [sys.executable, __file__, "--mode", mode, "--url", url or "", "--events", str(args.events),
-                     "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            child = [
+                sys.executable,
+                __file__,
+                "--mode",
+                mode,
+                "--url",
+                url or "",
+                "--events",
+                str(args.events),
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+            ]
             # A trace goes to the terminal; otherwise the children's Spark logging is dropped.
             err = None if os.environ.get("LEAN_TRACE") else subprocess.DEVNULL
             out = subprocess.run(child, check=True, stdout=subprocess.PIPE, stderr=err, text=True).stdout

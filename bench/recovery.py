@@ -73,7 +73,9 @@ def start_child(args: argparse.Namespace):
     from storage.pipeline import Pipeline
 
     started = time.perf_counter()
-    spark = local_session(cores=2, app_name=f"bench-recovery-{args.phase}", extra={"spark.driver.memory": args.driver_memory})
+    spark = local_session(
+        cores=2, app_name=f"bench-recovery-{args.phase}", extra={"spark.driver.memory": args.driver_memory}
+    )
     emit("session", seconds=time.perf_counter() - started)
     return spark, Pipeline(spark, args.root, nexmark_circuit("bench", (args.query,)), workers=args.workers)
 
@@ -115,7 +117,11 @@ def load(args: argparse.Namespace) -> None:
     spark, pipeline = start_child(args)
     count = auction_count(args)
     first, end = step_bids(args, 0)
-    pipeline.submit(0, {"auctions": auctions(spark, count), "bids": bids(spark, first, end - first, count)}, [Range("bids", 0, first, end)])
+    pipeline.submit(
+        0,
+        {"auctions": auctions(spark, count), "bids": bids(spark, first, end - first, count)},
+        [Range("bids", 0, first, end)],
+    )
     emit("loaded", seconds=timed(pipeline.run))
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
@@ -145,7 +151,8 @@ def recover(args: argparse.Namespace) -> None:
 
     # What the run did besides the steps: Delta restores (at open) and checks.
     restored = sum(
-        1 for uri in delta_tables(args.root)
+        1
+        for uri in delta_tables(args.root)
         for entry in DeltaTable(uri).history()
         if entry.get("operation") == "RESTORE" and entry.get("timestamp", 0) >= run_started
     )
@@ -183,9 +190,26 @@ def recover(args: argparse.Namespace) -> None:
 def child(args: argparse.Namespace, phase: str, fault: str | None = None) -> tuple[list[dict], int, float]:
     """Runs ``phase`` in a child process; returns its events, exit code and wall time.
     Afterwards nothing of it is left running (its JVM included: same process group)."""
-    command = [sys.executable, __file__, "--phase", phase, "--query", args.query, "--bids", str(args.bids),
-               "--delta", str(args.delta), "--steps", str(args.steps), "--workers", str(args.workers),
-               "--root", args.root, "--driver-memory", args.driver_memory]
+    command = [
+        sys.executable,
+        __file__,
+        "--phase",
+        phase,
+        "--query",
+        args.query,
+        "--bids",
+        str(args.bids),
+        "--delta",
+        str(args.delta),
+        "--steps",
+        str(args.steps),
+        "--workers",
+        str(args.workers),
+        "--root",
+        args.root,
+        "--driver-memory",
+        args.driver_memory,
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
     env.pop("DBSP_FAULT", None)
     if fault:
@@ -193,12 +217,13 @@ def child(args: argparse.Namespace, phase: str, fault: str | None = None) -> tup
     events: list[dict] = []
     started = time.perf_counter()
     with tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=stderr,
-                                   text=True, start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True
+        )
         try:
             for line in process.stdout:
                 if line.startswith(EVENT):
-                    events.append(json.loads(line[len(EVENT):]))
+                    events.append(json.loads(line[len(EVENT) :]))
                     progress(phase, events[-1])
                 else:
                     print(f"  [{phase}] {line}", end="", flush=True)
@@ -284,8 +309,11 @@ def parent(args: argparse.Namespace) -> None:
     from storage.pipeline import status
 
     shutil.rmtree(args.root, ignore_errors=True)
-    print(f"{args.query}: {args.bids:,} bids over {auction_count(args):,} auctions in step 0, then {args.steps} steps "
-          f"of {args.delta:,} bids; {args.workers} workers; root {args.root}", flush=True)
+    print(
+        f"{args.query}: {args.bids:,} bids over {auction_count(args):,} auctions in step 0, then {args.steps} steps "
+        f"of {args.delta:,} bids; {args.workers} workers; root {args.root}",
+        flush=True,
+    )
 
     loaded, _, load_wall = child(args, "load")
     fault = f"after_output:{args.steps}"
@@ -307,18 +335,32 @@ def parent(args: argparse.Namespace) -> None:
     total_s = done["at"]
     checkpoint_s = total_s - replay["last_output"]
 
-    print(f"\n{args.query}, {args.bids:,} bids of state, {args.steps} steps of {args.delta:,} bids, {args.workers} workers\n")
-    print("| first s | recovery s | open/restore s | replay s | checkpoint s | (recovery - open)/first | replay/first steps |")
+    print(
+        f"\n{args.query}, {args.bids:,} bids of state, {args.steps} steps of {args.delta:,} bids, {args.workers} workers\n"
+    )
+    print(
+        "| first s | recovery s | open/restore s | replay s | checkpoint s | (recovery - open)/first | replay/first steps |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    print(f"| {first_s:.1f} | {total_s:.1f} | {open_s:.2f} | {replay_s:.1f} | {checkpoint_s:.2f} "
-          f"| {(total_s - open_s) / first_s:.2f} | {replay_s / (first_s - first['opened']):.2f} |")
-    print("\nfirst s: the crashed run from its start to step "
-          f"{args.steps}'s output commit (its own open: {first['opened']:.2f} s); replay/first steps leaves both opens out.")
-    sessions = {phase: only(events, "session")["seconds"] for phase, events in zip(PHASES, (loaded, crashed, recovered))}
-    print(f"SparkSession start s: load {sessions['load']:.1f}, first {sessions['first']:.1f}, recover {sessions['recover']:.1f}; "
-          f"process wall s: load {load_wall:.1f}, first {first_wall:.1f}, recover {recover_wall:.1f} (recover includes the checks)")
-    print(f"step 0 run: {only(loaded, 'loaded')['seconds']:.1f} s; submitting steps 1..{args.steps}: "
-          f"{only(loaded, 'submitted')['seconds']:.1f} s")
+    print(
+        f"| {first_s:.1f} | {total_s:.1f} | {open_s:.2f} | {replay_s:.1f} | {checkpoint_s:.2f} "
+        f"| {(total_s - open_s) / first_s:.2f} | {replay_s / (first_s - first['opened']):.2f} |"
+    )
+    print(
+        "\nfirst s: the crashed run from its start to step "
+        f"{args.steps}'s output commit (its own open: {first['opened']:.2f} s); replay/first steps leaves both opens out."
+    )
+    sessions = {
+        phase: only(events, "session")["seconds"] for phase, events in zip(PHASES, (loaded, crashed, recovered))
+    }
+    print(
+        f"SparkSession start s: load {sessions['load']:.1f}, first {sessions['first']:.1f}, recover {sessions['recover']:.1f}; "
+        f"process wall s: load {load_wall:.1f}, first {first_wall:.1f}, recover {recover_wall:.1f} (recover includes the checks)"
+    )
+    print(
+        f"step 0 run: {only(loaded, 'loaded')['seconds']:.1f} s; submitting steps 1..{args.steps}: "
+        f"{only(loaded, 'submitted')['seconds']:.1f} s"
+    )
 
     print("\n| step | first s | replay s |")
     print("| ---: | ---: | ---: |")
@@ -328,29 +370,43 @@ def parent(args: argparse.Namespace) -> None:
     print("| --- | ---: | ---: |")
     for key in TIMING_KEYS:
         print(f"| {key} | {first['timings'].get(key, 0.0):.2f} | {done['timings'].get(key, 0.0):.2f} |")
-    print("(first: up to the last step's output commit; recovery: the whole run. Recovery's output_commit includes "
-          "verifying each replayed output against the one logged before.)")
+    print(
+        "(first: up to the last step's output commit; recovery: the whole run. Recovery's output_commit includes "
+        "verifying each replayed output against the one logged before.)"
+    )
 
     log_after = output_log(args.root, args.query)
     problems = []
     if verified["next_step"] != args.steps + 1 or verified["committed_step"] != args.steps + 1:
-        problems.append(f"committed step {verified['committed_step']} (run returned {verified['next_step']}), "
-                        f"expected {args.steps + 1}")
+        problems.append(
+            f"committed step {verified['committed_step']} (run returned {verified['next_step']}), "
+            f"expected {args.steps + 1}"
+        )
     if log_before["last_step"] != args.steps:
-        problems.append(f"before the recovery the output log's last step is {log_before['last_step']}, expected {args.steps}")
+        problems.append(
+            f"before the recovery the output log's last step is {log_before['last_step']}, expected {args.steps}"
+        )
     if log_after != log_before:  # the replay must commit nothing to the output log
         problems.append(f"the recovery changed the output log: before {log_before}, after {log_after}")
     if verified["rows_per_step"] != log_after["rows_per_step"]:
-        problems.append(f"rows per step read by Spark {verified['rows_per_step']} != delta-rs {log_after['rows_per_step']}")
-    problems += [f"step {m['step']}: output integral {m['got']} (row, weight) differs from batch SQL {m['expected']}"
-                 for m in verified["mismatches"]]
-    print(f"\nstate tables restored at open: {verified['restored_tables']}; output log: Delta version "
-          f"{log_after['version']}, last step {log_after['last_step']}, rows per step {log_after['rows_per_step']}")
+        problems.append(
+            f"rows per step read by Spark {verified['rows_per_step']} != delta-rs {log_after['rows_per_step']}"
+        )
+    problems += [
+        f"step {m['step']}: output integral {m['got']} (row, weight) differs from batch SQL {m['expected']}"
+        for m in verified["mismatches"]
+    ]
+    print(
+        f"\nstate tables restored at open: {verified['restored_tables']}; output log: Delta version "
+        f"{log_after['version']}, last step {log_after['last_step']}, rows per step {log_after['rows_per_step']}"
+    )
     if problems:
         raise SystemExit("verification FAILED:\n  " + "\n  ".join(problems))
-    print(f"verified: committed step {args.steps + 1}; output log of steps 0..{args.steps} untouched by the replay "
-          "(same Delta version and rows per step as the crash left); output integral through every step = "
-          "RECOMPUTE_SQL over its inputs")
+    print(
+        f"verified: committed step {args.steps + 1}; output log of steps 0..{args.steps} untouched by the replay "
+        "(same Delta version and rows per step as the crash left); output integral through every step = "
+        "RECOMPUTE_SQL over its inputs"
+    )
 
 
 def main() -> None:

@@ -57,24 +57,26 @@ def movement_table() -> None:
 
 def state_inputs(spark, rows: int, first: int):
     """``rows`` bids over 10,000 auctions (first step: the auctions too)."""
-    bids = (
-        spark.range(first, first + rows)
-        .select(
-            (F.col("id") % 10_000).alias("auction"),
-            (F.col("id") % 7919).alias("bidder"),
-            (F.col("id") % 997 + 1).alias("price"),
-            F.lit("bench").alias("channel"),
-            F.col("id").alias("date_time"),
-            F.lit(1).cast("bigint").alias("_weight"),
-        )
+    bids = spark.range(first, first + rows).select(
+        (F.col("id") % 10_000).alias("auction"),
+        (F.col("id") % 7919).alias("bidder"),
+        (F.col("id") % 997 + 1).alias("price"),
+        F.lit("bench").alias("channel"),
+        F.col("id").alias("date_time"),
+        F.lit(1).cast("bigint").alias("_weight"),
     )
     inputs = {"bids": bids}
     if first == 0:
         inputs["auctions"] = spark.range(10_000).select(
-            F.col("id"), F.concat(F.lit("item-"), F.col("id")).alias("item_name"), F.lit(1).cast("bigint").alias("initial_bid"),
-            F.lit(2).cast("bigint").alias("reserve"), F.lit(0).cast("bigint").alias("date_time"),
-            F.lit(10**12).cast("bigint").alias("expires"), F.lit(1).cast("bigint").alias("seller"),
-            (F.col("id") % 5 + 10).alias("category"), F.lit(1).cast("bigint").alias("_weight"),
+            F.col("id"),
+            F.concat(F.lit("item-"), F.col("id")).alias("item_name"),
+            F.lit(1).cast("bigint").alias("initial_bid"),
+            F.lit(2).cast("bigint").alias("reserve"),
+            F.lit(0).cast("bigint").alias("date_time"),
+            F.lit(10**12).cast("bigint").alias("expires"),
+            F.lit(1).cast("bigint").alias("seller"),
+            (F.col("id") % 5 + 10).alias("category"),
+            F.lit(1).cast("bigint").alias("_weight"),
         )
     return inputs
 

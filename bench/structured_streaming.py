@@ -52,13 +52,20 @@ from circuits.zset import WEIGHT
 # Part 2: view, its description, the inputs SS reads as streams, and the grouping keys of
 # the view (an update-mode result is each key's last emitted row; None: every emitted row).
 REFUSED = [
-    ("q4", "q4: join, then two chained aggregations (auctions and bids streaming)", ("auctions", "bids"),
-     ("category",)),
+    (
+        "q4",
+        "q4: join, then two chained aggregations (auctions and bids streaming)",
+        ("auctions", "bids"),
+        ("category",),
+    ),
     ("q15", "q15: per day count(*), count(DISTINCT bidder), count(DISTINCT auction)", ("bids",), ("day",)),
-    ("bids_by_category", "bids_by_category with auctions and bids streaming (stream-stream join + aggregate)",
-     ("auctions", "bids"), ("category",)),
-    ("q3", "q3 with auctions and persons streaming (stream-stream join, no aggregate)", ("persons", "auctions"),
-     None),
+    (
+        "bids_by_category",
+        "bids_by_category with auctions and bids streaming (stream-stream join + aggregate)",
+        ("auctions", "bids"),
+        ("category",),
+    ),
+    ("q3", "q3 with auctions and persons streaming (stream-stream join, no aggregate)", ("persons", "auctions"), None),
 ]
 CORRECTNESS_CHECK = "spark.sql.streaming.statefulOperator.checkCorrectness.enabled"
 REFUSAL_EVENTS = 500  # Nexmark events per step in part 2: 10 persons, 30 auctions, 460 bids
@@ -184,7 +191,12 @@ def latency(spark: SparkSession, args: argparse.Namespace) -> None:
 
 
 def try_structured_streaming(
-    spark: SparkSession, query: str, streams: tuple[str, ...], keys: tuple[str, ...] | None, root: str, expected: Counter
+    spark: SparkSession,
+    query: str,
+    streams: tuple[str, ...],
+    keys: tuple[str, ...] | None,
+    root: str,
+    expected: Counter,
 ) -> str:
     """Starts ``query`` as an SS query in update mode over the file streams of ``streams`` (one
     file of each per batch): what SS says (refused, with its error's first line, or accepted,

@@ -90,7 +90,9 @@ def run(spark, work: str, args) -> None:
     print("| pipeline | median step s | median view phase s | files added/removed per step |")
     print("| --- | --- | --- | --- |")
     for name, f in figures.items():
-        print(f"| {name} | {statistics.median(f['step']):.2f} | {statistics.median(f['view']):.2f} | {f['files'] if name == 'with view' else '-'} |")
+        print(
+            f"| {name} | {statistics.median(f['step']):.2f} | {statistics.median(f['view']):.2f} | {f['files'] if name == 'with view' else '-'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -78,15 +78,24 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
                     times.setdefault((name, size), []).append(seconds)
     per_state_row = recompute_per_row(spark, args.state, args.repeats)
     small, large = min(args.rows), max(args.rows)
-    print(f"writing generated bids ({args.repeats} writes each, medians); recompute of bids_by_category over "
-          f"{args.state:,} bids: {per_state_row * 1e6:.3f} us per row of state")
-    print(f"{'writer':>14} " + " ".join(f"{f'{n:,} rows s':>14}" for n in args.rows)
-          + f" {'marginal us/row':>15} {'x recompute/row':>15}")
+    print(
+        f"writing generated bids ({args.repeats} writes each, medians); recompute of bids_by_category over "
+        f"{args.state:,} bids: {per_state_row * 1e6:.3f} us per row of state"
+    )
+    print(
+        f"{'writer':>14} "
+        + " ".join(f"{f'{n:,} rows s':>14}" for n in args.rows)
+        + f" {'marginal us/row':>15} {'x recompute/row':>15}"
+    )
     for name in ways:
         medians = {n: statistics.median(times[(name, n)]) for n in args.rows}
         marginal = (medians[large] - medians[small]) / (large - small)
-        print(f"{name:>14} " + " ".join(f"{medians[n]:>14.3f}" for n in args.rows)
-              + f" {marginal * 1e6:>15.3f} {marginal / per_state_row:>15.1f}", flush=True)
+        print(
+            f"{name:>14} "
+            + " ".join(f"{medians[n]:>14.3f}" for n in args.rows)
+            + f" {marginal * 1e6:>15.3f} {marginal / per_state_row:>15.1f}",
+            flush=True,
+        )
 
 
 def main() -> None:

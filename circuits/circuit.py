@@ -145,7 +145,9 @@ class Circuit:
                 deltas[node.id] = nothing(step.spark, known)
                 continue
             try:
-                schemas = tuple(step.schemas[i] for i in node.inputs) if all(i in step.schemas for i in node.inputs) else None
+                schemas = (
+                    tuple(step.schemas[i] for i in node.inputs) if all(i in step.schemas for i in node.inputs) else None
+                )
                 ctx = NodeContext(
                     step, node.label, inputs_append_only, empty[node.id], schemas, tuple(empty[i] for i in node.inputs)
                 )

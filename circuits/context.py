@@ -169,7 +169,9 @@ class NodeContext:
         if trace is None:
             return self.keyed_empty(template)
         wanted = probe.select(
-            F.col(PART).alias("_p_part"), F.col(VNODE).alias("_p_vnode"), *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)]
+            F.col(PART).alias("_p_part"),
+            F.col(VNODE).alias("_p_vnode"),
+            *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)],
         )
         if self.step.store.is_small(table):
             # Route the whole trace: both sides then sit on the workers owning their
@@ -204,4 +206,3 @@ def _matching(trace: DataFrame, wanted: DataFrame, keys: Sequence[str], null_saf
 
 def _equal(a: Column, b: Column, null_safe: bool) -> Column:
     return a.eqNullSafe(b) if null_safe else a == b
-

@@ -49,7 +49,9 @@ def raised_on_executor(error: BaseException, *kinds: type[DbspError]) -> DbspErr
         texts.append(str(e))
         e = e.__cause__ or e.__context__
     text = "\n".join(texts)
-    found = [(m.start(), kind, m.group(1)) for kind in kinds for m in [re.search(rf"\b{kind.__name__}: (.*)", text)] if m]
+    found = [
+        (m.start(), kind, m.group(1)) for kind in kinds for m in [re.search(rf"\b{kind.__name__}: (.*)", text)] if m
+    ]
     if not found:
         return None
     _, kind, message = min(found, key=lambda f: f[0])

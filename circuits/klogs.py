@@ -78,7 +78,9 @@ class KLog:
     def named(name: str) -> KLog:
         """The keyed log backed by topic ``name``."""
         if not name or name.startswith("_"):
-            raise CircuitDefinitionError(f"keyed log name {name!r} is not allowed: give a topic name not starting with '_'")
+            raise CircuitDefinitionError(
+                f"keyed log name {name!r} is not allowed: give a topic name not starting with '_'"
+            )
         return KLog(name=name)
 
     def partition(self, fn: Callable[[Any, Any], Sequence[Any]]) -> KLog:
@@ -139,7 +141,16 @@ class _Builder:
             index = len(self.sources)
             records = self.circuit.input(klog.name, RECORD_SCHEMA)
             self.sources[klog.name] = records.select(
-                KEY, VALUE, **{ORD: F.array(_monotonic_timestamp(), F.lit(index).cast("bigint"), F.col(PARTITION).cast("bigint"), F.col(OFFSET))}
+                KEY,
+                VALUE,
+                **{
+                    ORD: F.array(
+                        _monotonic_timestamp(),
+                        F.lit(index).cast("bigint"),
+                        F.col(PARTITION).cast("bigint"),
+                        F.col(OFFSET),
+                    )
+                },
             )
         return self.sources[klog.name]
 

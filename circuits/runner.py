@@ -148,19 +148,30 @@ class StepRunner:
         }
         empty_inputs = frozenset(self.circuit.inputs) - set(inputs)
         if self._empty_outputs is not None and len(empty_inputs) == len(full):
-            stored = self.store.materialize({f"{OUTPUT}{n}": nothing(self.spark, s) for n, s in self._empty_outputs.items()})
+            stored = self.store.materialize(
+                {f"{OUTPUT}{n}": nothing(self.spark, s) for n, s in self._empty_outputs.items()}
+            )
             return StepResult({name: stored[f"{OUTPUT}{name}"] for name in self._empty_outputs}, {})
         single = rows is not None and rows <= self.small_step_rows
         # Spark's own shuffles (there should be none left after the exchanges) use one
         # partition per worker.
         interpreted = rows is not None and rows <= INTERPRETED_STEP_ROWS
-        self._configure({"spark.sql.shuffle.partitions": str(self.layout.workers),
-                         **(INTERPRETED if interpreted else COMPILED)})
+        self._configure(
+            {"spark.sql.shuffle.partitions": str(self.layout.workers), **(INTERPRETED if interpreted else COMPILED)}
+        )
         if retracting is None:
             retracting = _retracting({name: full[name] for name in self.append_only})
         append_only = self.append_only - set(retracting)
         ctx = StepContext(
-            self.spark, self.store, self.layout, full, append_only, empty_inputs, single, conformed, schemas=self.schemas
+            self.spark,
+            self.store,
+            self.layout,
+            full,
+            append_only,
+            empty_inputs,
+            single,
+            conformed,
+            schemas=self.schemas,
         )
         outputs = self.circuit.plan(ctx)
         parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}

@@ -120,7 +120,9 @@ def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = 
     return spark
 
 
-def remote_session(url: str, extra: dict[str, str] | None = None, setting: str = "resources.spark.remote") -> SparkSession:
+def remote_session(
+    url: str, extra: dict[str, str] | None = None, setting: str = "resources.spark.remote"
+) -> SparkSession:
     """This process's session on the Spark Connect server at ``url`` (``sc://host:port``,
     with ``/;session_id=...`` to join a named session) with the engine's settings.  Fails at
     once, naming ``setting``, when nothing answers there; a server that stops answering
@@ -167,8 +169,15 @@ def _joinable(url: str) -> str:
         client.close()
 
 
-def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "local[2]", driver_memory: str = "4g",
-                   conf: dict[str, str] | None = None, timeout: float = 120.0, log_level: str = "WARN") -> str:
+def connect_server(
+    state_dir: str,
+    port: int = CONNECT_PORT,
+    master: str = "local[2]",
+    driver_memory: str = "4g",
+    conf: dict[str, str] | None = None,
+    timeout: float = 120.0,
+    log_level: str = "WARN",
+) -> str:
     """The URL of the embedded Spark Connect server on 127.0.0.1:``port``, started (detached,
     from the pyspark wheel, pid and log in ``state_dir``) unless a healthy one listens there.
 
@@ -193,11 +202,16 @@ def connect_server(state_dir: str, port: int = CONNECT_PORT, master: str = "loca
     }
     command = [
         os.path.join(home, "bin", "spark-submit"),
-        "--class", CONNECT_CLASS,
-        "--name", "dbsp",
-        "--master", master,
-        "--driver-memory", driver_memory,
-        "--driver-java-options", f"-Dlog4j2.configurationFile=file:{daemon.path('log4j2.properties')}",
+        "--class",
+        CONNECT_CLASS,
+        "--name",
+        "dbsp",
+        "--master",
+        master,
+        "--driver-memory",
+        driver_memory,
+        "--driver-java-options",
+        f"-Dlog4j2.configurationFile=file:{daemon.path('log4j2.properties')}",
         *[arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")],
     ]
 
@@ -241,22 +255,24 @@ def _write_if_changed(path: str, text: str) -> None:
 def _server_logging(path: str, level: str) -> str:
     """Log4j 2 settings for the server: ``level`` and above, into ``path``, rolled over.
     The JVM's own stdout and stderr go to ``path`` too (the daemon's log): both append."""
-    return "\n".join([
-        f"rootLogger.level = {level}",
-        "rootLogger.appenderRef.file.ref = file",
-        "appender.file.type = RollingFile",
-        "appender.file.name = file",
-        f"appender.file.fileName = {path}",
-        f"appender.file.filePattern = {path}.%i",
-        "appender.file.layout.type = PatternLayout",
-        "appender.file.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
-        "appender.file.policies.type = Policies",
-        "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
-        f"appender.file.policies.size.size = {LOG_BYTES}",
-        "appender.file.strategy.type = DefaultRolloverStrategy",
-        f"appender.file.strategy.max = {LOG_FILES}",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"rootLogger.level = {level}",
+            "rootLogger.appenderRef.file.ref = file",
+            "appender.file.type = RollingFile",
+            "appender.file.name = file",
+            f"appender.file.fileName = {path}",
+            f"appender.file.filePattern = {path}.%i",
+            "appender.file.layout.type = PatternLayout",
+            "appender.file.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
+            "appender.file.policies.type = Policies",
+            "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
+            f"appender.file.policies.size.size = {LOG_BYTES}",
+            "appender.file.strategy.type = DefaultRolloverStrategy",
+            f"appender.file.strategy.max = {LOG_FILES}",
+            "",
+        ]
+    )
 
 
 def _probe(url: str, log_path: str) -> str:
@@ -307,8 +323,11 @@ def round_trips(spark: SparkSession, trace: TextIO | None = None, seconds: Count
                 seconds[name] += time.perf_counter() - started
             if trace is None:
                 return answer
-            sites = [f"{os.path.relpath(f.filename, _PROJECT)}:{f.lineno}:{f.name}" for f in traceback.extract_stack()
-                     if f.filename.startswith(_PROJECT) and "site-packages" not in f.filename and f.filename != __file__]
+            sites = [
+                f"{os.path.relpath(f.filename, _PROJECT)}:{f.lineno}:{f.name}"
+                for f in traceback.extract_stack()
+                if f.filename.startswith(_PROJECT) and "site-packages" not in f.filename and f.filename != __file__
+            ]
             print(
                 f"{name} +{started - opened:.3f} {time.perf_counter() - started:.3f} {threading.current_thread().name}"
                 f" {' < '.join(reversed(sites[-2:]))}",

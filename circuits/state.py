@@ -28,7 +28,9 @@ with different values never share a file, so each file holds one worker's vnodes
 def pack(parts: dict[str, DataFrame]) -> DataFrame:
     """All ``parts`` as one DataFrame: a destination number and one struct column per part,
     so that one Spark job computes them all and runs shared shuffles once."""
-    branches = [df.select(F.lit(i).alias(DEST), F.struct("*").alias(part_column(i))) for i, df in enumerate(parts.values())]
+    branches = [
+        df.select(F.lit(i).alias(DEST), F.struct("*").alias(part_column(i))) for i, df in enumerate(parts.values())
+    ]
     return add(*branches, allow_missing=True)
 
 

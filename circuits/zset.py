@@ -49,7 +49,9 @@ def add(*zsets: DataFrame, allow_missing: bool = False) -> DataFrame:
     terms = list(zsets)
     while len(terms) > 1:
         pairs = zip(terms[0::2], terms[1::2])
-        terms = [a.unionByName(b, allowMissingColumns=allow_missing) for a, b in pairs] + terms[len(terms) - len(terms) % 2:]
+        terms = [a.unionByName(b, allowMissingColumns=allow_missing) for a, b in pairs] + terms[
+            len(terms) - len(terms) % 2 :
+        ]
     return terms[0]
 
 

@@ -94,8 +94,12 @@ def demo(args: argparse.Namespace) -> int:
     path = log_path(home("logs"), "demo")
     with output_to_log(path, echo=args.verbose, until_exit=True) as terminal:
         # Verbose: the events scroll by, so no live line to garble them.
-        with Progress(terminal, live=False if args.verbose else None, mirror=None if args.verbose else sys.stdout) as progress:
-            progress.line(f"dbsp demo: {args.steps} steps of {args.events_per_step} Nexmark events, run through Dagster")
+        with Progress(
+            terminal, live=False if args.verbose else None, mirror=None if args.verbose else sys.stdout
+        ) as progress:
+            progress.line(
+                f"dbsp demo: {args.steps} steps of {args.events_per_step} Nexmark events, run through Dagster"
+            )
             try:
                 result = run_demo(project, args.steps, args.events_per_step, args.seed, args.reset, progress, args.sql)
             except (Exception, KeyboardInterrupt) as e:  # the traceback goes to the log, one line to the terminal
@@ -128,12 +132,21 @@ def _reason(e: Exception) -> str:
 def _demo_summary(result: DemoResult, daemons: str, path: str) -> list[str]:
     passed, checks = result.checks
     failed = result.failed_step
-    q4 = [
-        "q4, average closing price per category (maintained incrementally, read from its Delta output log):",
-        *(f"  category {category}: {avg_final:,.2f}" for category, avg_final in sorted(result.q4)),
-    ] if result.q4 else []
-    checked = [*q4, *(f"{view} equals Spark batch SQL: {'yes' if same else 'no'}" for view, same in (result.matches or {}).items())]
-    stopped = [f"dbsp demo stopped after step {failed.step} failed; its full trace is in the log below"] if failed else []
+    q4 = (
+        [
+            "q4, average closing price per category (maintained incrementally, read from its Delta output log):",
+            *(f"  category {category}: {avg_final:,.2f}" for category, avg_final in sorted(result.q4)),
+        ]
+        if result.q4
+        else []
+    )
+    checked = [
+        *q4,
+        *(f"{view} equals Spark batch SQL: {'yes' if same else 'no'}" for view, same in (result.matches or {}).items()),
+    ]
+    stopped = (
+        [f"dbsp demo stopped after step {failed.step} failed; its full trace is in the log below"] if failed else []
+    )
     return [
         "",
         *(stopped or checked),
@@ -184,7 +197,10 @@ def show(args: argparse.Namespace) -> int:
         raise DbspError(f"--limit {args.limit}: give a number of rows, 0 or more")
     root = build_resources(project)["store"].pipeline_root(spec.name)
     snapshot = read_view(root, args.sink, args.step)  # every row: the first ones are known once sorted
-    print_view(dataclasses.replace(snapshot, table=sorted_rows(snapshot.table).slice(0, args.limit)), f"{spec.name}/{args.sink}")
+    print_view(
+        dataclasses.replace(snapshot, table=sorted_rows(snapshot.table).slice(0, args.limit)),
+        f"{spec.name}/{args.sink}",
+    )
     return 0
 
 
@@ -215,7 +231,9 @@ def rescale(args: argparse.Namespace) -> int:
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
     prepared = pipeline.prepare_rescale(args.workers, args.strategy, args.k) if args.hot else None
     with pipeline.lease.held(f"dbsp rescale (pid {os.getpid()})", wait=spec.lease_wait_seconds):
-        report = pipeline.finish_rescale(prepared) if prepared else pipeline.rescale(args.workers, args.strategy, args.k)
+        report = (
+            pipeline.finish_rescale(prepared) if prepared else pipeline.rescale(args.workers, args.strategy, args.k)
+        )
     print(f"before: {report.before.describe()}\nafter:  {report.after.describe()}")
     print(
         f"vnodes moved: {report.vnodes_moved} of {report.before.vnodes} ({report.fraction_moved:.1%}); "
@@ -244,13 +262,17 @@ def dev(args: argparse.Namespace) -> int:
     if args.config:  # the code servers dagster dev starts read it from the environment
         os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     try:
-        problem = None if "--help" in args.dagster_args else devserver.port_problem(*devserver.address(args.dagster_args))
+        problem = (
+            None if "--help" in args.dagster_args else devserver.port_problem(*devserver.address(args.dagster_args))
+        )
     except ValueError:
         problem = None  # a malformed -p: dagster dev says what is wrong with it
     if problem:
         print(f"dbsp dev: {problem}; stop what listens there or choose another port: dbsp dev -p PORT", file=sys.stderr)
         return 2
-    code = devserver.run(devserver.dagster_dev_command(target, args.dagster_args), say=lambda s: print(s, file=sys.stderr))
+    code = devserver.run(
+        devserver.dagster_dev_command(target, args.dagster_args), say=lambda s: print(s, file=sys.stderr)
+    )
     if code == devserver.INTERRUPTED:
         print(f"dbsp dev: stopped. {_daemons_note(load_project(args.config))}".strip(), file=sys.stderr)
     return code
@@ -290,7 +312,9 @@ def gateway(args: argparse.Namespace) -> int:
     logging.basicConfig(filename=path, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     running = Gateway(project.gateway, project.sources, bootstrap, kafka.client_config(), home("gateway"))
     running.start()
-    print(f"dbsp gateway: {len(project.sources)} source group(s) into Kafka at {bootstrap}; control {running.control.url}")
+    print(
+        f"dbsp gateway: {len(project.sources)} source group(s) into Kafka at {bootstrap}; control {running.control.url}"
+    )
     for name, address in running.status()["listeners"].items():
         print(f"  {name}: listening on {address}")
     print(f"  full log: {path}; stop with Ctrl-C")
@@ -309,9 +333,11 @@ def _gateway_line(figures: dict) -> str:
     live = sum(1 for f in sources if f["status"] in ("starting", "running", "retrying"))
     read = sum(f["bytes"] for f in sources)
     produced = sum(f.get("bytes_sent", 0) for f in sources)
-    return (f"{time.strftime('%H:%M:%S')} sources {live} live / {len(figures['sources'])}; "
-            f"read {read:,} B, produced {produced:,} B; buffers in use {figures['pool']['in_use']}/{figures['pool']['buffers']}; "
-            f"waits for a buffer {sum(f.get('waits', 0) for f in sources)}; errors {sum(f['errors'] for f in sources)}")
+    return (
+        f"{time.strftime('%H:%M:%S')} sources {live} live / {len(figures['sources'])}; "
+        f"read {read:,} B, produced {produced:,} B; buffers in use {figures['pool']['in_use']}/{figures['pool']['buffers']}; "
+        f"waits for a buffer {sum(f.get('waits', 0) for f in sources)}; errors {sum(f['errors'] for f in sources)}"
+    )
 
 
 def _gateway_status(args: argparse.Namespace) -> int:
@@ -320,14 +346,24 @@ def _gateway_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
-    print(f"gateway pid {figures['pid']} at {url}, up {figures['uptime_seconds']} s, {figures['threads']} I/O thread(s)")
+    print(
+        f"gateway pid {figures['pid']} at {url}, up {figures['uptime_seconds']} s, {figures['threads']} I/O thread(s)"
+    )
     print(_gateway_line(figures))
     _print_workers(figures.get("workers", []))
     table = Table("source", "status", "bytes", "acked", "buffers", "waits", "errors", "last error")
     ranked = sorted(figures["sources"].items(), key=lambda item: (-item[1]["errors"], -item[1]["bytes"], item[0]))
     for name, f in ranked[: args.limit]:
-        table.add_row(name, f["status"], f"{f['bytes']:,}", f"{f.get('acked', 0):,}", str(f["buffers"]),
-                      str(f.get("waits", 0)), str(f["errors"]), f.get("last_error") or "")
+        table.add_row(
+            name,
+            f["status"],
+            f"{f['bytes']:,}",
+            f"{f.get('acked', 0):,}",
+            str(f["buffers"]),
+            str(f.get("waits", 0)),
+            str(f["errors"]),
+            f.get("last_error") or "",
+        )
     # A file source's id is its path: never cut or fold it (a folded name cannot be found
     # with grep, nor copied), so the table is as wide as the longest id needs.
     source = table.columns[0]
@@ -341,8 +377,10 @@ def _gateway_status(args: argparse.Namespace) -> int:
 def _print_workers(workers: list[dict]) -> None:
     for w in workers:
         to = f" -> {w['to_workers']} workers" if w.get("to_workers") else ""
-        print(f"  worker {w['worker']}: {w['phase']}{to}, version {w.get('version')}, {w.get('sources', 0)} sources, "
-              f"whitelist {w.get('whitelist', 0)}, hold {w.get('hold', 0)}, keys moved {w.get('moved', 0)}")
+        print(
+            f"  worker {w['worker']}: {w['phase']}{to}, version {w.get('version')}, {w.get('sources', 0)} sources, "
+            f"whitelist {w.get('whitelist', 0)}, hold {w.get('hold', 0)}, keys moved {w.get('moved', 0)}"
+        )
 
 
 def _gateway_rescale(args: argparse.Namespace) -> int:
@@ -352,29 +390,43 @@ def _gateway_rescale(args: argparse.Namespace) -> int:
         return 2
     answer = call(url, f"/rescale?workers={args.workers}", timeout=120)
     r = answer["rescale"]
-    print(f"gateway rescaled {r['from']} -> {r['to']} workers (version {r['version']}): {r['moved']} sources moved "
-          f"in {r['seconds']} s")
+    print(
+        f"gateway rescaled {r['from']} -> {r['to']} workers (version {r['version']}): {r['moved']} sources moved "
+        f"in {r['seconds']} s"
+    )
     _print_workers(answer["workers"])
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dbsp", description="Incremental views with distributed DBSP on Spark, run by Dagster.")
-    parser.add_argument("--config", help="pipeline configuration file (default: $DBSP_CONFIG, ./dbsp.yaml, the built-in demo)")
+    parser = argparse.ArgumentParser(
+        prog="dbsp", description="Incremental views with distributed DBSP on Spark, run by Dagster."
+    )
+    parser.add_argument(
+        "--config", help="pipeline configuration file (default: $DBSP_CONFIG, ./dbsp.yaml, the built-in demo)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     d = commands.add_parser("demo", help="the main job: Nexmark from the embedded broker through Dagster, checked")
     d.add_argument("--steps", type=int, default=5, help="steps to run, one per batch of events (default 5)")
-    d.add_argument("--events-per-step", type=int, default=1000, help="Nexmark events produced for each step (default 1000)")
+    d.add_argument(
+        "--events-per-step", type=int, default=1000, help="Nexmark events produced for each step (default 1000)"
+    )
     d.add_argument("--seed", type=int, default=0, help="the event generator's random seed (default 0)")
     d.add_argument("--reset", action="store_true", help="start the pipeline over (delete its Delta tables first)")
-    d.add_argument("--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)")
+    d.add_argument(
+        "--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)"
+    )
     d.add_argument("--sql", metavar="FILE", help="run the Nexmark inputs through the views of this SQL file instead")
     d.set_defaults(run=demo)
 
     k = commands.add_parser("klogs-demo", help="the KLogs paper's word count through Dagster, printing its totals")
-    k.add_argument("--one-step", action="store_true", help="all four messages in one step (default: a step per message)")
-    k.add_argument("--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)")
+    k.add_argument(
+        "--one-step", action="store_true", help="all four messages in one step (default: a step per message)"
+    )
+    k.add_argument(
+        "--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)"
+    )
     k.set_defaults(run=klogs_demo)
 
     for name, fn, text in (
@@ -399,9 +451,13 @@ def main(argv: list[str] | None = None) -> int:
 
     for name in ("demo", "status", "recover", "rescale", "show"):
         commands.choices[name].add_argument("--pipeline", help="pipeline name (default: the first configured)")
-    commands.choices["recover"].add_argument("--break-lease", action="store_true", help="take the lease from a run that died")
+    commands.choices["recover"].add_argument(
+        "--break-lease", action="store_true", help="take the lease from a run that died"
+    )
 
-    g = commands.add_parser("gateway", help="run the source gateway (the configured sources into Kafka), show its status, or rescale it")
+    g = commands.add_parser(
+        "gateway", help="run the source gateway (the configured sources into Kafka), show its status, or rescale it"
+    )
     g.add_argument("action", nargs="?", choices=["run", "status", "rescale"], default="run")
     g.add_argument("--workers", type=int, help="I/O threads to move the running gateway's sources to (rescale)")
     g.add_argument("--report-every", type=float, default=10.0, help="seconds between progress lines (run)")
@@ -410,10 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     g.set_defaults(run=gateway)
 
     # Every option after ``dev`` but --config is dagster dev's (-p PORT, -h HOST, --help: its own help).
-    v = commands.add_parser("dev", help="dagster dev with the project's Dagster home (options: dagster dev's)", add_help=False)
+    v = commands.add_parser(
+        "dev", help="dagster dev with the project's Dagster home (options: dagster dev's)", add_help=False
+    )
     v.set_defaults(run=dev)
     for command in commands.choices.values():  # --config before or after the command
-        command.add_argument("--config", default=argparse.SUPPRESS, help="pipeline configuration file (as before the command)")
+        command.add_argument(
+            "--config", default=argparse.SUPPRESS, help="pipeline configuration file (as before the command)"
+        )
 
     args, unknown = parser.parse_known_args(argv)
     if args.command == "dev":

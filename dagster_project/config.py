@@ -68,7 +68,8 @@ class SinkSpec(BaseModel):
 
     name: str = Field(description="an output of the circuit")
     current: bool = Field(
-        True, description="keep the view's current contents as a Delta table at <store root>/<pipeline>/views/<sink> (true/false)"
+        True,
+        description="keep the view's current contents as a Delta table at <store root>/<pipeline>/views/<sink> (true/false)",
     )
 
 
@@ -115,7 +116,8 @@ class PipelineSpec(BaseModel):
         default_factory=list, description="outputs that may hold duplicate rows (skipped by the is-a-set check)"
     )
     producer: str | None = Field(
-        None, description="'module:function(start, count, seed)' returning records per input handle, for a demo producer job"
+        None,
+        description="'module:function(start, count, seed)' returning records per input handle, for a demo producer job",
     )
 
     @field_validator("sinks", mode="before")
@@ -136,7 +138,9 @@ class PipelineSpec(BaseModel):
     @classmethod
     def _identifier(cls, name: str) -> str:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-            raise ValueError(f"{name!r} is not an identifier: use lowercase letters, digits and '_', starting with a letter")
+            raise ValueError(
+                f"{name!r} is not an identifier: use lowercase letters, digits and '_', starting with a letter"
+            )
         return name
 
     @field_validator("circuit", "producer")
@@ -156,7 +160,9 @@ class PipelineSpec(BaseModel):
         try:
             parse_views(located.read_text(), str(located))
         except OSError as e:
-            raise ValueError(f"cannot read {located} ({e.strerror}); the path is relative to the configuration file") from None
+            raise ValueError(
+                f"cannot read {located} ({e.strerror}); the path is relative to the configuration file"
+            ) from None
         except SqlError as e:
             raise ValueError(str(e)) from None
         return str(located)
@@ -172,7 +178,9 @@ class PipelineSpec(BaseModel):
                 if not untyped and not _spark_there():
                     continue  # a nested type, for Spark's parser when the run opens its session
                 reason = f"{untyped[0]!r} has no type" if untyped else str(e)
-                raise ValueError(f"{handle}: {ddl!r} is not a Spark DDL schema ({reason}); write it as 'id BIGINT, name STRING'") from None
+                raise ValueError(
+                    f"{handle}: {ddl!r} is not a Spark DDL schema ({reason}); write it as 'id BIGINT, name STRING'"
+                ) from None
         return schemas
 
     @model_validator(mode="after")
@@ -190,7 +198,9 @@ class PipelineSpec(BaseModel):
     @model_validator(mode="after")
     def _bags_are_sinks(self) -> "PipelineSpec":
         if set(self.bags) - set(self.sink_names):
-            raise ValueError(f"bags: {sorted(set(self.bags) - set(self.sink_names))} are not sinks; the sinks are {self.sink_names}")
+            raise ValueError(
+                f"bags: {sorted(set(self.bags) - set(self.sink_names))} are not sinks; the sinks are {self.sink_names}"
+            )
         return self
 
     def _check_sql_tables(self) -> None:
@@ -198,9 +208,13 @@ class PipelineSpec(BaseModel):
         for view in self.sql_views:
             unknown = sorted(read_tables(view.query) - names - {h.lower() for h in self.sources})
             if unknown:
-                raise ValueError(str(view.error(
-                    f"reads {unknown}, neither a source nor a view of the file; the sources are {sorted(self.sources)}"
-                )))
+                raise ValueError(
+                    str(
+                        view.error(
+                            f"reads {unknown}, neither a source nor a view of the file; the sources are {sorted(self.sources)}"
+                        )
+                    )
+                )
 
     @cached_property
     def sql_views(self) -> list[View]:
@@ -219,11 +233,15 @@ class PipelineSpec(BaseModel):
 
     def input_schemas(self) -> dict[str, str]:
         """Each source's DDL: ``schemas:``, else the producer module's ``SCHEMAS``."""
-        produced = getattr(importlib.import_module(self.producer.partition(":")[0]), "SCHEMAS", {}) if self.producer else {}
+        produced = (
+            getattr(importlib.import_module(self.producer.partition(":")[0]), "SCHEMAS", {}) if self.producer else {}
+        )
         schemas = {h: self.schemas.get(h) or produced.get(h) for h in self.sources}
         missing = sorted(h for h, ddl in schemas.items() if ddl is None)
         if missing:
-            raise ValueError(f"schemas: give the Spark DDL schema of {missing}, e.g. {{{missing[0]}: 'id BIGINT, name STRING'}}")
+            raise ValueError(
+                f"schemas: give the Spark DDL schema of {missing}, e.g. {{{missing[0]}: 'id BIGINT, name STRING'}}"
+            )
         return schemas
 
     @model_validator(mode="after")
@@ -261,11 +279,17 @@ class PipelineSpec(BaseModel):
         if missing or unknown:
             raise ValueError(
                 f"sources: the circuit's inputs are {sorted(circuit.inputs)}; "
-                + (f"give a topic for {sorted(missing)}" if missing else f"{sorted(unknown)} are not inputs of the circuit")
+                + (
+                    f"give a topic for {sorted(missing)}"
+                    if missing
+                    else f"{sorted(unknown)} are not inputs of the circuit"
+                )
             )
         unknown = set(self.sink_names) - set(circuit.outputs)
         if unknown:
-            raise ValueError(f"sinks: {sorted(unknown)} are not outputs of the circuit; its outputs are {sorted(circuit.outputs)}")
+            raise ValueError(
+                f"sinks: {sorted(unknown)} are not outputs of the circuit; its outputs are {sorted(circuit.outputs)}"
+            )
         return circuit
 
     def circuit_for(self, session: SparkSession | None) -> Circuit:
@@ -330,11 +354,15 @@ class ProjectSpec(BaseModel):
     _source: str = PrivateAttr("the configuration")
 
     pipelines: list[PipelineSpec] = Field(description="the pipelines this code location serves")
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="settings of Spark, the store and Kafka")
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, description="settings of Spark, the store and Kafka"
+    )
     sources: list[SourceSpec] = Field(
         default_factory=list, description="what the source gateway (dbsp gateway) reads into the pipelines' topics"
     )
-    gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="the source gateway's buffers, threads and endpoint")
+    gateway: GatewaySpec = Field(
+        default_factory=GatewaySpec, description="the source gateway's buffers, threads and endpoint"
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> "ProjectSpec":
@@ -348,7 +376,9 @@ class ProjectSpec(BaseModel):
         topics = {t for p in self.pipelines for t in p.sources.values()}
         for i, group in enumerate(self.sources):
             if group.topic not in topics:
-                raise ValueError(f"sources.{i}.topic: {group.topic!r} is no pipeline's input topic; use one of {sorted(topics)}")
+                raise ValueError(
+                    f"sources.{i}.topic: {group.topic!r} is no pipeline's input topic; use one of {sorted(topics)}"
+                )
         names = [g.name for g in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"sources: group names must be unique, got {names}")
@@ -471,4 +501,9 @@ def _tags(member: Any) -> set:
     """The literal values a union member's fields pin (its discriminator's tag)."""
     if not (isinstance(member, type) and issubclass(member, BaseModel)):
         return set()
-    return {v for f in member.model_fields.values() if typing.get_origin(f.annotation) is Literal for v in typing.get_args(f.annotation)}
+    return {
+        v
+        for f in member.model_fields.values()
+        if typing.get_origin(f.annotation) is Literal
+        for v in typing.get_args(f.annotation)
+    }

@@ -100,12 +100,21 @@ class Progress:
         self.mirror = mirror  # the log file gets the permanent lines too, so it reads whole
         self.console = Console(file=stream, highlight=False, markup=False, soft_wrap=True)
         self.live = self.console.is_terminal if live is None else live
-        self._bar = RichProgress(
-            SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
-            # Rich would otherwise swap sys.stdout/err for proxies that print on the terminal,
-            # taking back what output_to_log sent to the log.
-            console=self.console, transient=True, redirect_stdout=False, redirect_stderr=False,
-        ) if self.live else None
+        self._bar = (
+            RichProgress(
+                SpinnerColumn(),
+                TextColumn("{task.description}", markup=False),
+                TimeElapsedColumn(),
+                # Rich would otherwise swap sys.stdout/err for proxies that print on the terminal,
+                # taking back what output_to_log sent to the log.
+                console=self.console,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            if self.live
+            else None
+        )
         self._task = None
 
     def __enter__(self) -> Progress:

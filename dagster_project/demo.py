@@ -33,8 +33,13 @@ from .factory import build_definitions, dead_letters_note, produce_events
 from .resources import EMBEDDED
 
 # The engine's phases (the step materialization's ``seconds/<phase>`` metadata), as shown.
-PHASES = {"ingest": "ingest", "read": "read", "compute_and_write": "compute", "output_commit": "output",
-          "checkpoint_commit": "checkpoint"}
+PHASES = {
+    "ingest": "ingest",
+    "read": "read",
+    "compute_and_write": "compute",
+    "output_commit": "output",
+    "checkpoint_commit": "checkpoint",
+}
 # What a step run is doing, by the Dagster event that starts it.
 RUN_PHASES = {
     "RUN_START": "starting the run",
@@ -64,8 +69,10 @@ class StepReport:
         if not self.succeeded:
             return f"step {self.step} FAILED after {self.seconds:.1f} s: {self.error}"
         phases = " ".join(f"{PHASES.get(k, k)} {v:.1f}" for k, v in self.phases.items() if v >= 0.05)
-        return (f"step {self.step}: events {self.events[0]}..{self.events[1]}, rows {self.rows_in} in / "
-                f"{self.rows_out} out, {self.seconds:.1f} s ({phases})")
+        return (
+            f"step {self.step}: events {self.events[0]}..{self.events[1]}, rows {self.rows_in} in / "
+            f"{self.rows_out} out, {self.seconds:.1f} s ({phases})"
+        )
 
 
 @dataclass
@@ -90,7 +97,12 @@ class DemoResult:
 
 
 def run_demo(
-    project: ProjectSpec, steps: int, events_per_step: int, seed: int, reset: bool, progress: Progress,
+    project: ProjectSpec,
+    steps: int,
+    events_per_step: int,
+    seed: int,
+    reset: bool,
+    progress: Progress,
     sql: str | None = None,
 ) -> DemoResult:
     """Produces ``steps`` batches of events; each becomes one step run through Dagster.
@@ -182,7 +194,10 @@ def _run_step(step_job, instance: DagsterInstance, request, events: tuple[int, i
     with progress.phase(f"{label}: queued"):
         started = time.perf_counter()
         outcome = step_job.execute_in_process(
-            partition_key=request.partition_key, instance=instance, tags=request.tags, run_id=run_id,
+            partition_key=request.partition_key,
+            instance=instance,
+            tags=request.tags,
+            run_id=run_id,
             raise_on_error=False,
         )
         seconds = time.perf_counter() - started
@@ -233,10 +248,15 @@ def _check_views(pipeline: Pipeline, spec: PipelineSpec, reports: list[StepRepor
     inputs = {h: integral(read_steps(spark, pipeline.inputs.uri(h), 0, last)) for h in pipeline.circuit.inputs}
     sql = spec.sql or str(NEXMARK_SQL)
     recomputed = batch_views(spark, open(sql).read(), inputs, sql)
-    maintained = {name: Counter(tuple(r) for r in integral(pipeline.outputs.read(name, 0, last)).collect())
-                  for name in spec.sink_names if name in recomputed}
-    matches = {name: _rounded(rows) == _rounded(Counter(tuple(r) for r in recomputed[name].collect()))
-               for name, rows in maintained.items()}
+    maintained = {
+        name: Counter(tuple(r) for r in integral(pipeline.outputs.read(name, 0, last)).collect())
+        for name in spec.sink_names
+        if name in recomputed
+    }
+    matches = {
+        name: _rounded(rows) == _rounded(Counter(tuple(r) for r in recomputed[name].collect()))
+        for name, rows in maintained.items()
+    }
     return DemoResult(reports, maintained.get("q4", Counter()), matches, dead_letters)
 
 

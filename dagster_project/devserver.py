@@ -153,7 +153,7 @@ def _processes():
                 stat = f.read()
         except OSError:
             continue  # gone meanwhile
-        fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces
+        fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
         yield int(name), int(fields[1]), fields[0], int(fields[3])
 
 

@@ -66,7 +66,8 @@ def build_definitions(project: ProjectSpec) -> Definitions:
     gateway = [Definitions(jobs=[_gateway_rescale_job()])] if project.sources else []
     gateway_topics = frozenset(group.topic for group in project.sources)
     return Definitions.merge(
-        *(build_pipeline(spec, gateway_topics) for spec in project.pipelines), *gateway,
+        *(build_pipeline(spec, gateway_topics) for spec in project.pipelines),
+        *gateway,
         Definitions(resources=build_resources(project)),
     )
 
@@ -95,7 +96,10 @@ def build_pipeline(spec: PipelineSpec, gateway_topics: frozenset[str] = frozense
     # One op per job: the run's own process executes it (the default executor would start
     # another process per run, and pay the imports and the Spark session twice).
     step_job = define_asset_job(
-        f"{spec.name}_step_job", selection=[steps], partitions_def=partitions, tags={PIPELINE_TAG: spec.name},
+        f"{spec.name}_step_job",
+        selection=[steps],
+        partitions_def=partitions,
+        tags={PIPELINE_TAG: spec.name},
         executor_def=in_process_executor,
     )
     layout = _layout_asset(spec)
@@ -109,7 +113,9 @@ def build_pipeline(spec: PipelineSpec, gateway_topics: frozenset[str] = frozense
 
 def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource) -> Pipeline:
     session = spark.session()
-    return Pipeline(session, store.pipeline_root(spec.name), spec.circuit_for(session), workers=spec.workers, views=spec.views)
+    return Pipeline(
+        session, store.pipeline_root(spec.name), spec.circuit_for(session), workers=spec.workers, views=spec.views
+    )
 
 
 def _run_gone(instance):
@@ -124,9 +130,16 @@ def _run_gone(instance):
 
 def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
     keys = {name: AssetKey([spec.name, name]) for name in spec.sink_names}
-    checks = [AssetCheckSpec("consolidated", asset=k, description="the step's changes have no duplicate rows and no zero weights") for k in keys.values()]
+    checks = [
+        AssetCheckSpec(
+            "consolidated", asset=k, description="the step's changes have no duplicate rows and no zero weights"
+        )
+        for k in keys.values()
+    ]
     checks += [
-        AssetCheckSpec("is_a_set", asset=keys[name], description="the view so far has no duplicate and no negative rows")
+        AssetCheckSpec(
+            "is_a_set", asset=keys[name], description="the view so far has no duplicate and no negative rows"
+        )
         for name in spec.sink_names
         if name not in spec.bags
     ]
@@ -146,7 +159,11 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
             context.log.info(f"{spec.name}: running steps {first}..{last}")
             ran = run_steps(pipeline, kafka.source(spec), first, last)
-        context.log.info(f"{spec.name}: ran steps {list(ran)}" if ran else f"{spec.name}: steps {first}..{last} were committed already")
+        context.log.info(
+            f"{spec.name}: ran steps {list(ran)}"
+            if ran
+            else f"{spec.name}: steps {first}..{last} were committed already"
+        )
         layout = pipeline.layout()
         if layout.workers != spec.workers:
             context.log.warning(
@@ -157,7 +174,9 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         for name, key in keys.items():
             rows_out = inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)
             current = _view_metadata(pipeline.root, name) if name in spec.views else {}
-            yield MaterializeResult(asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out), **current})
+            yield MaterializeResult(
+                asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out), **current}
+            )
         sets = {name: name not in spec.bags for name in keys}
         for (name, check), bad in inspect.check_outputs(pipeline.outputs, sets, first, last).items():
             yield AssetCheckResult(asset_key=keys[name], check_name=check, passed=bad == 0, metadata={"bad_rows": bad})
@@ -212,17 +231,21 @@ def _step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dic
         "checkpoint_version": MetadataValue.int(pipeline.state.opened_version or 0),
         "state_rows": MetadataValue.int(rows_state),
         "state_bytes": MetadataValue.int(bytes_state),
-        "input_offsets": MetadataValue.md("| step | topic | partition | start | end |\n|---|---|---|---|---|\n" + "\n".join(offsets)),
+        "input_offsets": MetadataValue.md(
+            "| step | topic | partition | start | end |\n|---|---|---|---|---|\n" + "\n".join(offsets)
+        ),
         "dead_letters": MetadataValue.int(inspect.rows_of_steps(pipeline.inputs.dead_letters_uri, first, last)),
     }
     for handle in pipeline.circuit.inputs:
-        metadata[f"rows_in/{handle}"] = MetadataValue.int(inspect.rows_of_steps(pipeline.inputs.uri(handle), first, last))
+        metadata[f"rows_in/{handle}"] = MetadataValue.int(
+            inspect.rows_of_steps(pipeline.inputs.uri(handle), first, last)
+        )
     for phase, seconds in pipeline.timings.items():
         metadata[f"seconds/{phase}"] = MetadataValue.float(round(seconds, 3))
     unflushed = unflushed_steps(pipeline.root, first, last)
     if unflushed:
         metadata["gateway/unflushed_cuts"] = MetadataValue.md(
-            "cut without the gateway's flush (see the README, \"The source gateway\")\n\n| step | why |\n|---|---|\n"
+            'cut without the gateway\'s flush (see the README, "The source gateway")\n\n| step | why |\n|---|---|\n'
             + "\n".join(f"| {step} | {reason} |" for step, reason in unflushed.items())
         )
     return metadata | _gateway_metadata(figures_of_steps(pipeline.root, first, last))
@@ -237,8 +260,10 @@ def _flush_gateway(fed: bool) -> tuple[dict | None, str | None]:
     except GatewayError as e:
         return None, str(e)
     if figures is None and fed:
-        return None, (f"no gateway runs with its state in {home('gateway')}: start it (dbsp gateway) with the "
-                      "same DBSP_HOME as the sensor")
+        return None, (
+            f"no gateway runs with its state in {home('gateway')}: start it (dbsp gateway) with the "
+            "same DBSP_HOME as the sensor"
+        )
     return figures, None
 
 
@@ -248,7 +273,9 @@ def _gateway_metadata(sources: dict | None, shown: int = 20) -> dict:
         return {}
     total = {k: sum(f[k] for f in sources.values()) for k in ("bytes", "waits", "errors")}
     busiest = sorted(sources.items(), key=lambda item: (-item[1]["errors"], -item[1]["bytes"], item[0]))[:shown]
-    table = "\n".join(f"| {name} | {f['status']} | {f['bytes']} | {f['waits']} | {f['errors']} |" for name, f in busiest)
+    table = "\n".join(
+        f"| {name} | {f['status']} | {f['bytes']} | {f['waits']} | {f['errors']} |" for name, f in busiest
+    )
     return {
         "gateway/sources": MetadataValue.int(len(sources)),
         "gateway/bytes": MetadataValue.int(total["bytes"]),
@@ -272,14 +299,23 @@ def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, 
         description=f"Cuts the next step of {spec.name!r} from its topics' end offsets and requests its run.",
     )
     def offsets(context: SensorEvaluationContext, store: StoreResource, kafka: KafkaResource):
-        return evaluate_sensor(spec, policy, partitions, context.instance, store.pipeline_root(spec.name), kafka,
-                               gateway_fed, context.log)
+        return evaluate_sensor(
+            spec, policy, partitions, context.instance, store.pipeline_root(spec.name), kafka, gateway_fed, context.log
+        )
 
     return offsets
 
 
-def evaluate_sensor(spec, policy, partitions, instance, root: str, kafka: KafkaResource, gateway_fed: bool = False,
-                    log: logging.Logger | None = None):
+def evaluate_sensor(
+    spec,
+    policy,
+    partitions,
+    instance,
+    root: str,
+    kafka: KafkaResource,
+    gateway_fed: bool = False,
+    log: logging.Logger | None = None,
+):
     """One tick.  The division log, not the cursor, is the truth: every divided step that is
     not committed is (re)requested with ``run_key`` = pipeline and step, which Dagster runs
     once; so a tick that died after recording a division loses nothing."""
@@ -377,7 +413,13 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
             context.log.info(f"deleted {len(pipeline.vacuum())} files no checkpoint needs")
 
     @op(name=f"{spec.name}_recover_op")
-    def recover(context: OpExecutionContext, config: RecoverConfig, spark: SparkResource, store: StoreResource, kafka: KafkaResource):
+    def recover(
+        context: OpExecutionContext,
+        config: RecoverConfig,
+        spark: SparkResource,
+        store: StoreResource,
+        kafka: KafkaResource,
+    ):
         pipeline = open_pipeline(spec, spark, store)
         if config.break_lease:
             context.log.warning(f"broke the lease of {pipeline.lease.break_()}")

@@ -50,7 +50,9 @@ class Demo:
         self.spec = project.pipelines[0]
         self.instance = instance
         self.source = self.defs.resources["kafka"].source(self.spec)
-        ensure_topics(self.source.bootstrap_servers, {t: self.spec.topic_partitions for t in self.source.topics.values()})
+        ensure_topics(
+            self.source.bootstrap_servers, {t: self.spec.topic_partitions for t in self.source.topics.values()}
+        )
         self.root = self.defs.resources["store"].pipeline_root(NAME)
         client = self.source.client()
         self.last_timestamp = 0
@@ -76,7 +78,9 @@ class Demo:
             self.instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
         job = self.defs.resolve_job_def(f"{NAME}_step_job")
         return [
-            job.execute_in_process(partition_key=r.partition_key, instance=self.instance, tags=r.tags, raise_on_error=False)
+            job.execute_in_process(
+                partition_key=r.partition_key, instance=self.instance, tags=r.tags, raise_on_error=False
+            )
             for r in result.run_requests or []
         ]
 

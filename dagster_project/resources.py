@@ -36,7 +36,9 @@ class SparkResource(_Resource):
     embedded_port: int = Field(15002, gt=0, lt=65536, description="port of the embedded Spark Connect server")
     embedded_master: str = Field("local[2]", description="the embedded server's Spark master")
     embedded_driver_memory: str = Field("4g", description="the embedded server's JVM heap")
-    embedded_log_level: str = Field("WARN", description="the embedded server's log level (Log4j: ERROR, WARN, INFO, DEBUG)")
+    embedded_log_level: str = Field(
+        "WARN", description="the embedded server's log level (Log4j: ERROR, WARN, INFO, DEBUG)"
+    )
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings, e.g. spark.executor.memory")
 
     def session(self) -> SparkSession:
@@ -46,7 +48,11 @@ class SparkResource(_Resource):
             return remote_session(self.remote, self.conf)
         # The embedded server takes the extra settings when it starts (a running one keeps its own).
         url = connect_server(
-            home("spark"), self.embedded_port, self.embedded_master, self.embedded_driver_memory, self.conf,
+            home("spark"),
+            self.embedded_port,
+            self.embedded_master,
+            self.embedded_driver_memory,
+            self.conf,
             log_level=self.embedded_log_level,
         )
         return remote_session(url, setting="resources.spark.embedded_port")

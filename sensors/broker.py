@@ -46,7 +46,9 @@ def _wait_ready(bootstrap: str, timeout: float, process: subprocess.Popen | None
     deadline = time.monotonic() + timeout
     while True:
         if process is not None and process.poll() is not None:
-            raise SourceError(f"the local Kafka broker (tansu) for {bootstrap} exited with code {process.returncode} while starting")
+            raise SourceError(
+                f"the local Kafka broker (tansu) for {bootstrap} exited with code {process.returncode} while starting"
+            )
         try:
             client.topics()
             return
@@ -65,7 +67,9 @@ class LocalBroker:
         self.bootstrap = f"{HOST}:{self.port}"
         if listening(self.port):
             raise SourceError(f"cannot start a local Kafka broker: port {self.port} is in use; choose another port")
-        self._process = subprocess.Popen(_command(self.port), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._process = subprocess.Popen(
+            _command(self.port), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             _wait_ready(self.bootstrap, timeout, self._process)
         except BaseException:
@@ -107,7 +111,9 @@ def stop_local_broker(port: int, state_dir: str) -> bool:
     return _daemon(port, state_dir).stop()
 
 
-def ensure_topics(bootstrap_servers: str, topics: dict[str, int], timeout: float = 10.0, config: dict | None = None) -> None:
+def ensure_topics(
+    bootstrap_servers: str, topics: dict[str, int], timeout: float = 10.0, config: dict | None = None
+) -> None:
     """Creates the missing ones of ``topics`` (name: partition count) and waits until the
     broker's metadata shows them; topics that exist already are left as they are."""
     client = KafkaClient(bootstrap_servers, config, timeout)
@@ -117,5 +123,7 @@ def ensure_topics(bootstrap_servers: str, topics: dict[str, int], timeout: float
     deadline = time.monotonic() + timeout
     while any(client.topics().get(t) != n for t, n in missing.items()):
         if time.monotonic() > deadline:
-            raise SourceError(f"topics {sorted(missing)} were created on {bootstrap_servers!r} but did not appear within {timeout:g} s")
+            raise SourceError(
+                f"topics {sorted(missing)} were created on {bootstrap_servers!r} but did not appear within {timeout:g} s"
+            )
         time.sleep(0.05)

@@ -172,15 +172,23 @@ def validate(value: bytes | None, fields: Fields) -> tuple[int | None, str | Non
     return weight, None
 
 
-def _row(topic: str, partition: int, offset: int, key: str | None, value: bytes | None, fields: Fields,
-         where: str = "") -> dict:
+def _row(
+    topic: str, partition: int, offset: int, key: str | None, value: bytes | None, fields: Fields, where: str = ""
+) -> dict:
     weight, reason = validate(value, fields)
     # A dead letter keeps its value as text: bytes that are not UTF-8 show as \\xNN escapes.
     text = None if value is None else value.decode("utf-8", errors="backslashreplace")
     if fields == KEYED and reason is None and validate(None if key is None else key.encode(), KEYED)[1] is not None:
         weight, reason = None, f"undecodable key: not UTF-8 JSON ({key!r})"
-    return {"topic": topic, "partition": partition, "offset": offset, "key": key, "value": text, "weight": weight,
-            "reason": None if reason is None else where + reason}
+    return {
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": key,
+        "value": text,
+        "weight": weight,
+        "reason": None if reason is None else where + reason,
+    }
 
 
 def gateway_range(message: Message) -> tuple[int, int, bool] | None:
@@ -192,7 +200,9 @@ def gateway_range(message: Message) -> tuple[int, int, bool] | None:
     return int(start), int(end), PARTIAL_HEADER in headers
 
 
-def _records(topic: str, partition: int, message: Message, fields: Fields, seen: dict[tuple[str, str], int]) -> Iterator[dict]:
+def _records(
+    topic: str, partition: int, message: Message, fields: Fields, seen: dict[tuple[str, str], int]
+) -> Iterator[dict]:
     """The rows of one message: itself, or the records of a gateway message's bytes."""
     key = message.key()
     key = None if key is None else key.decode("utf-8", errors="backslashreplace")
@@ -208,10 +218,17 @@ def _records(topic: str, partition: int, message: Message, fields: Fields, seen:
         return
     seen[(topic, key)] = end
     if partial:
-        yield {"topic": topic, "partition": partition, "offset": message.offset(), "key": key,
-               "value": message.value().decode("utf-8", errors="backslashreplace"), "weight": None,
-               "reason": f"source {key!r} bytes {start}-{end}: part of a record longer than the gateway's buffers; "
-                         "raise gateway.buffer_size above the longest record", "position": start}
+        yield {
+            "topic": topic,
+            "partition": partition,
+            "offset": message.offset(),
+            "key": key,
+            "value": message.value().decode("utf-8", errors="backslashreplace"),
+            "weight": None,
+            "reason": f"source {key!r} bytes {start}-{end}: part of a record longer than the gateway's buffers; "
+            "raise gateway.buffer_size above the longest record",
+            "position": start,
+        }
         return
     position = start
     for line in (message.value() or b"").split(b"\n"):
@@ -221,8 +238,14 @@ def _records(topic: str, partition: int, message: Message, fields: Fields, seen:
         position += len(line) + 1
 
 
-def _read_range(consumer: Consumer, chunk: tuple[str, int, int, int], fields: Fields, timeout: float,
-                settings: dict, seen: dict[tuple[str, str], int]) -> Iterator[dict]:
+def _read_range(
+    consumer: Consumer,
+    chunk: tuple[str, int, int, int],
+    fields: Fields,
+    timeout: float,
+    settings: dict,
+    seen: dict[tuple[str, str], int],
+) -> Iterator[dict]:
     """The rows of offsets [start, end) of one partition, read by ``consumer`` (made with
     ``settings``); fails the Spark task (hence the step) once the broker delivers nothing
     new for ``timeout`` seconds, with the error :func:`undelivered` finds."""
@@ -260,8 +283,13 @@ def _watermarks(settings: dict, topic: str, partition: int, timeout: float) -> t
         consumer.close()
 
 
-def undelivered(chunk: tuple[str, int, int, int], position: int, watermarks: tuple[int, int] | str, timeout: float,
-                bootstrap_servers: str) -> SourceError:
+def undelivered(
+    chunk: tuple[str, int, int, int],
+    position: int,
+    watermarks: tuple[int, int] | str,
+    timeout: float,
+    bootstrap_servers: str,
+) -> SourceError:
     """The error for a read of ``chunk`` that stopped at ``position`` for ``timeout`` seconds,
     by what the broker said of the partition after: nothing (``watermarks`` is the failure's
     text), a log start above the offsets (the only case where they are gone for good), an
@@ -290,9 +318,15 @@ def undelivered(chunk: tuple[str, int, int, int], position: int, watermarks: tup
     )
 
 
-def _read_tasks(bootstrap_servers: str, config: dict | None, fields: dict[str, Fields], timeout: float,
-                chunks: list[tuple[str, int, int, int]], taken: dict[tuple[str, str], int],
-                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _read_tasks(
+    bootstrap_servers: str,
+    config: dict | None,
+    fields: dict[str, Fields],
+    timeout: float,
+    chunks: list[tuple[str, int, int, int]],
+    taken: dict[tuple[str, str], int],
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` body, run on an executor: one batch of rows per chunk number it
     is given, then a row per gateway source it took bytes of, with the end of those bytes
     in ``taken``."""
@@ -327,7 +361,11 @@ def _check_config(bootstrap_servers: str, config: dict | None) -> None:
 
 def _chunks(ranges: list[Range], size: int) -> list[tuple[str, int, int, int]]:
     """The ranges cut into pieces of at most ``size`` offsets (empty ranges dropped)."""
-    return [(r.source, r.partition, start, min(start + size, r.end)) for r in ranges for start in range(r.start, r.end, size)]
+    return [
+        (r.source, r.partition, start, min(start + size, r.end))
+        for r in ranges
+        for start in range(r.start, r.end, size)
+    ]
 
 
 @dataclass(frozen=True)
@@ -393,7 +431,9 @@ def read_ranges(
     return Decoded(
         inputs={topic: _zset(records, topic, parse_schema(schema)) for topic, schema in schemas.items()},
         dead_letters=records.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_SCHEMA.names),
-        taken=raw.where(F.col("taken").isNotNull()).select("topic", F.col("key").alias("source"), F.col("taken").alias("end")),
+        taken=raw.where(F.col("taken").isNotNull()).select(
+            "topic", F.col("key").alias("source"), F.col("taken").alias("end")
+        ),
         raw=raw,
     )
 

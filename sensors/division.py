@@ -84,7 +84,9 @@ def cut_next(divisions: DivisionLog, client: KafkaClient, topics: list[str], pol
     ranges = plan(next_starts(previous, offsets), {p: high for p, (_, high) in offsets.items()}, policy.max_records)
     records = sum(r.end - r.start for r in ranges)
     if records == 0:
-        return Cut(None, [], f"no new records in {', '.join(topics)} since step {step - 1}" if step else "no records yet")
+        return Cut(
+            None, [], f"no new records in {', '.join(topics)} since step {step - 1}" if step else "no records yet"
+        )
     last = divisions.last_recorded_at()
     waited = None if last is None else time.time() - last
     if records < policy.max_records and waited is not None and waited < policy.max_wait:

@@ -35,8 +35,15 @@ def ingest(pipeline: Pipeline, source: KafkaSource, step: int) -> None:
     if step >= pipeline.divisions.next_step():
         raise StepOrderError(f"step {step} has no recorded division yet: the sensor has not cut it")
     schemas = {source.topics[h]: s for h, s in pipeline.circuit.inputs.items()}
-    decoded = read_ranges(pipeline.spark, source.bootstrap_servers, source.config, ranges, schemas, source.read_timeout,
-                          taken=pipeline.inputs.taken_before(step))
+    decoded = read_ranges(
+        pipeline.spark,
+        source.bootstrap_servers,
+        source.config,
+        ranges,
+        schemas,
+        source.read_timeout,
+        taken=pipeline.inputs.taken_before(step),
+    )
     # A topic with no offsets in the step is an empty input, known so without reading.
     read = {r.source for r in ranges if r.end > r.start}
     try:

@@ -113,7 +113,9 @@ class KafkaClient:
                 future.result()
             except KafkaException as error:
                 if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise SourceError(f"cannot create topic {topic!r} on {self.bootstrap_servers!r}: {error_text(error)}") from error
+                    raise SourceError(
+                        f"cannot create topic {topic!r} on {self.bootstrap_servers!r}: {error_text(error)}"
+                    ) from error
 
     def produce(
         self,
@@ -133,14 +135,22 @@ class KafkaClient:
         target = {} if partition is None else {"partition": partition}
         sent = 0
         none = itertools.repeat(None)
-        columns = (none if keys is None else keys, none if headers is None else headers, none if timestamps is None else timestamps)
+        columns = (
+            none if keys is None else keys,
+            none if headers is None else headers,
+            none if timestamps is None else timestamps,
+        )
         for value, key, header, timestamp in zip(values, *columns):
-            extra = {name: v for name, v in (("key", key), ("headers", header), ("timestamp", timestamp)) if v is not None}
+            extra = {
+                name: v for name, v in (("key", key), ("headers", header), ("timestamp", timestamp)) if v is not None
+            }
             self._send(topic, value, acks, {**target, **extra}, sent)
             sent += 1
         self._await(acks, topic, sent, lambda: len(self._producer) == 0)
         if acks.failures:
-            raise SourceError(f"{len(acks.failures)} of {sent} records to topic {topic!r} were refused: {acks.failures[0].str()}")
+            raise SourceError(
+                f"{len(acks.failures)} of {sent} records to topic {topic!r} were refused: {acks.failures[0].str()}"
+            )
         return sent
 
     def produce_parallel(self, topic: str, values: Sequence[bytes], producers: int) -> int:
@@ -176,7 +186,9 @@ class KafkaClient:
 
     def _stalled(self, acks: _Acks, topic: str, sent: int) -> SourceError:
         if not acks.acked and not acks.failures:
-            return unreachable(self.bootstrap_servers, self.timeout, f"none of {sent} records to topic {topic!r} acknowledged")
+            return unreachable(
+                self.bootstrap_servers, self.timeout, f"none of {sent} records to topic {topic!r} acknowledged"
+            )
         return BrokerStalledError(
             f"the broker at {self.bootstrap_servers!r} acknowledged {acks.acked} of {sent} records to topic {topic!r} "
             f"in {acks.last - acks.started:.1f} s, then nothing for {self.timeout:g} s: check that it still runs "

@@ -66,7 +66,9 @@ class KafkaSink:
             while any(position[p] < ends[p] for p in position):
                 records = consumer.consume(100, self.timeout)
                 if not records:
-                    raise SourceError(f"sink topic {self.topic!r}: records up to {ends} were not delivered within {self.timeout:g} s")
+                    raise SourceError(
+                        f"sink topic {self.topic!r}: records up to {ends} were not delivered within {self.timeout:g} s"
+                    )
                 for record in records:
                     if record.error() is None:
                         found.update(v for k, v in record.headers() or [] if k == TOKEN_HEADER)

@@ -245,9 +245,9 @@ class DeltaStateStore(StateStore):
         for name, df in parts.items():
             if name.startswith(OUTPUT):
                 step = F.lit(self._step).cast("bigint")
-                targets[name] = (output_uri(self.root, name[len(OUTPUT):]), df.withColumn(STEP, step))
+                targets[name] = (output_uri(self.root, name[len(OUTPUT) :]), df.withColumn(STEP, step))
                 continue
-            table = name[len(STATE):]
+            table = name[len(STATE) :]
             files = paths(self._pinned(table)) if layout is not None and self.is_small(table) else []
             if len(files) > COMPACT_FILES:
                 self._rewrites[table] = files
@@ -255,9 +255,12 @@ class DeltaStateStore(StateStore):
                 df = whole.withColumn(FILE, layout.worker_of(F.col(VNODE)))
             targets[name] = (self._uri(table), df)
         written = write_tables(targets)
-        self.written_outputs = {n[len(OUTPUT):]: w for n, w in written.items() if n.startswith(OUTPUT)}
-        self._pending = {n[len(STATE):]: w for n, w in written.items() if n.startswith(STATE)}
-        return {name: read_files(self.spark, w.uri, from_arrow_schema(w.schema), w.paths).drop(STEP) for name, w in written.items()}
+        self.written_outputs = {n[len(OUTPUT) :]: w for n, w in written.items() if n.startswith(OUTPUT)}
+        self._pending = {n[len(STATE) :]: w for n, w in written.items() if n.startswith(STATE)}
+        return {
+            name: read_files(self.spark, w.uri, from_arrow_schema(w.schema), w.paths).drop(STEP)
+            for name, w in written.items()
+        }
 
     def apply(self, deltas: dict[str, DataFrame]) -> None:
         for name in deltas:
@@ -275,7 +278,9 @@ class DeltaStateStore(StateStore):
         Z-set, and consolidation is its identity.  Returns ``table -> (files before, after)``."""
         traces = {name: self.scan(name) for name in self._tables}
         layout = self.layout()
-        parts = {name: (self._uri(name), _by_owner(consolidate(df), layout)) for name, df in traces.items() if df is not None}
+        parts = {
+            name: (self._uri(name), _by_owner(consolidate(df), layout)) for name, df in traces.items() if df is not None
+        }
         before = {name: paths(self._pinned(name)) for name in parts}
         written = write_tables(parts) if parts else {}
         for name, files in written.items():
@@ -341,7 +346,9 @@ class DeltaStateStore(StateStore):
         table = open_table(self._uri(name))
         # Compare contents, not version numbers: a table restored before holds the pinned
         # contents at a later version, and restoring again would only add versions.
-        if table.version() != version and set(table.file_uris()) != set(open_table(self._uri(name), version).file_uris()):
+        if table.version() != version and set(table.file_uris()) != set(
+            open_table(self._uri(name), version).file_uris()
+        ):
             _restore_table(table, version)
             table.update_incremental()
         # The step reads the table at this version: it need not be opened again.
@@ -372,13 +379,16 @@ def _by_owner(trace: DataFrame, layout: Layout | None) -> DataFrame:
     """``trace`` partitioned by owning worker, one file per unit of the layout, sorted by vnode."""
     if layout is None:
         return trace.sortWithinPartitions(VNODE)
-    return exchange(trace, layout).drop(PART).withColumn(FILE, layout.unit_of(F.col(VNODE))).sortWithinPartitions(FILE, VNODE)
+    return (
+        exchange(trace, layout)
+        .drop(PART)
+        .withColumn(FILE, layout.unit_of(F.col(VNODE)))
+        .sortWithinPartitions(FILE, VNODE)
+    )
 
 
 def _vnode_ranges(table) -> list[dict]:
-    return add_actions(table).select(
-        ["path", "num_records", "size_bytes", f"min.{VNODE}", f"max.{VNODE}"]
-    ).to_pylist()
+    return add_actions(table).select(["path", "num_records", "size_bytes", f"min.{VNODE}", f"max.{VNODE}"]).to_pylist()
 
 
 def _overlaps(action: dict, vnodes: list[int]) -> bool:

@@ -100,7 +100,9 @@ def _stats(table: pa.Table) -> str:
     return json.dumps({"numRecords": table.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls})
 
 
-def _writer(targets: dict[int, tuple[str, pa.Schema]]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _writer(
+    targets: dict[int, tuple[str, pa.Schema]],
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The executor side: split a partition of packed rows by destination (and by
     :data:`FILE` where a destination has it), write one Parquet file per piece into its
     table directory, and return the files' descriptions."""
@@ -126,7 +128,15 @@ def _writer(targets: dict[int, tuple[str, pa.Schema]]) -> Callable[[Iterator[pa.
             described.append((dest, name, os.path.getsize(os.path.join(uri, name)), data.num_rows, _stats(data)))
         yield pa.RecordBatch.from_pylist(
             [dict(zip(("dest", "path", "size", "rows", "stats"), d)) for d in described],
-            schema=pa.schema([("dest", pa.int32()), ("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())]),
+            schema=pa.schema(
+                [
+                    ("dest", pa.int32()),
+                    ("path", pa.string()),
+                    ("size", pa.int64()),
+                    ("rows", pa.int64()),
+                    ("stats", pa.string()),
+                ]
+            ),
         )
 
     return write
@@ -227,14 +237,18 @@ def _commit_on(
         sizes = dict(zip(adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist(), strict=True))
         gone = sorted(set(remove) - set(sizes))
         if gone:
-            raise StaleWriterError(f"{files.uri}: files to replace are no longer in version {table.version()}: {gone[:3]}")
+            raise StaleWriterError(
+                f"{files.uri}: files to replace are no longer in version {table.version()}: {gone[:3]}"
+            )
         actions += [RemoveAction(p, True, now, sizes[p]) for p in remove]
     try:
         table.create_write_transaction(
             actions,
             mode="append",
             schema=table.schema(),
-            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)], custom_metadata=metadata),
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id, version)], custom_metadata=metadata
+            ),
         )
     except CommitFailedError as e:
         raise StaleWriterError(f"{files.uri}: another writer committed {app_id} {version} first: {e}") from e

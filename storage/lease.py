@@ -24,7 +24,13 @@ from .delta import dataset, ensure_table, open_table
 from .errors import LeaseHeldError, StorageError
 
 _SCHEMA = pa.schema(
-    [("token", pa.int64()), ("holder", pa.string()), ("since", pa.float64()), ("expires", pa.float64()), ("released", pa.bool_())]
+    [
+        ("token", pa.int64()),
+        ("holder", pa.string()),
+        ("since", pa.float64()),
+        ("expires", pa.float64()),
+        ("released", pa.bool_()),
+    ]
 )
 
 
@@ -95,7 +101,9 @@ class Lease:
         return record
 
     @contextmanager
-    def held(self, holder: str, wait: float = 0.0, holder_gone: Callable[[str], bool] = lambda _: False) -> Iterator[int]:
+    def held(
+        self, holder: str, wait: float = 0.0, holder_gone: Callable[[str], bool] = lambda _: False
+    ) -> Iterator[int]:
         token = self.acquire(holder, wait=wait, holder_gone=holder_gone)
         try:
             yield token

@@ -118,7 +118,13 @@ class Range:
 
 
 _DIVISION_SCHEMA = pa.schema(
-    [("step", pa.int64()), ("source", pa.string()), ("partition", pa.int64()), ("start", pa.int64()), ("end", pa.int64())]
+    [
+        ("step", pa.int64()),
+        ("source", pa.string()),
+        ("partition", pa.int64()),
+        ("start", pa.int64()),
+        ("end", pa.int64()),
+    ]
 )
 
 
@@ -145,7 +151,9 @@ class DivisionLog:
             return
         if step > expected:
             raise StepOrderError(f"cannot record the division of step {step}: step {expected} is not recorded yet")
-        rows = [{"step": step, "source": r.source, "partition": r.partition, "start": r.start, "end": r.end} for r in ranges]
+        rows = [
+            {"step": step, "source": r.source, "partition": r.partition, "start": r.start, "end": r.end} for r in ranges
+        ]
         with latest(self.uri) as table:
             write_deltalake(
                 self.uri if table is None else table,
@@ -173,7 +181,7 @@ class DivisionLog:
     def all(self) -> dict[int, list[Range]]:
         table = open_table(self.uri)
         out: dict[int, list[Range]] = {}
-        for r in ([] if table is None else dataset(table).to_table().to_pylist()):
+        for r in [] if table is None else dataset(table).to_table().to_pylist():
             out.setdefault(r["step"], []).append(Range(r["source"], r["partition"], r["start"], r["end"]))
         return {s: sorted(rs, key=lambda r: (r.source, r.partition)) for s, rs in sorted(out.items())}
 
@@ -190,7 +198,11 @@ DEAD_LETTER_SCHEMA = T.StructType(
 
 
 TAKEN_SCHEMA = T.StructType(
-    [T.StructField("topic", T.StringType()), T.StructField("source", T.StringType()), T.StructField("end", T.LongType())]
+    [
+        T.StructField("topic", T.StringType()),
+        T.StructField("source", T.StringType()),
+        T.StructField("end", T.LongType()),
+    ]
 )
 """A row of the bytes taken of a source (a gateway's): ``end``, the end of those a step read."""
 TAKEN = "_taken"
@@ -272,8 +284,10 @@ class InputLog:
                 written[handle] = WrittenFiles(self.uri(handle), arrow_schema(_step_schema(schema)), [])
             else:
                 parts[handle] = (self.uri(handle), df)
-        before = {DEAD_LETTERS: (self.dead_letters_uri, "dead_letter", dead_letters, DEAD_LETTER_SCHEMA),
-                  TAKEN: (self.taken_uri, "taken", taken, TAKEN_SCHEMA)}
+        before = {
+            DEAD_LETTERS: (self.dead_letters_uri, "dead_letter", dead_letters, DEAD_LETTER_SCHEMA),
+            TAKEN: (self.taken_uri, "taken", taken, TAKEN_SCHEMA),
+        }
         for name, (uri, app_id, df, schema) in before.items():
             if df is not None and not _recorded(uri, app_id, step):
                 parts[name] = (uri, df.select(*schema.names))
@@ -313,7 +327,11 @@ class InputLog:
             counts = [f["num_records"] for f in files]
             rows = None if rows is None or None in counts else rows + sum(counts)
             paths = [f["uri"] for f in files]
-            deltas[handle] = read_files(self.spark, self.uri(handle), _step_schema(schema), paths).where(F.col(STEP) == step).drop(STEP)
+            deltas[handle] = (
+                read_files(self.spark, self.uri(handle), _step_schema(schema), paths)
+                .where(F.col(STEP) == step)
+                .drop(STEP)
+            )
             if any(f[f"min.{WEIGHT}"] is None or f[f"min.{WEIGHT}"] < 0 for f in files):
                 retracting.add(handle)
         return StepInput(deltas, retracting, rows)
@@ -370,7 +388,9 @@ class OutputLog:
             stored = self.read(handle, step, step)
             pairs.append((stored, read_files(self.spark, files.uri, stored.schema, files.paths)))
         digests = _multiset_digests([df for pair in pairs for df in pair])
-        for (handle, step, _), (stored, now), before, after in zip(replayed, pairs, digests[::2], digests[1::2], strict=True):
+        for (handle, step, _), (stored, now), before, after in zip(
+            replayed, pairs, digests[::2], digests[1::2], strict=True
+        ):
             if before == after:
                 continue
             missing = stored.exceptAll(now).limit(5).collect()

@@ -106,7 +106,9 @@ class Pipeline:
         not opted out."""
         unknown = set(views) - set(circuit.outputs)
         if unknown:
-            raise ViewError(f"views: {sorted(unknown)} are not outputs of circuit {circuit.name!r}; its outputs are {sorted(circuit.outputs)}")
+            raise ViewError(
+                f"views: {sorted(unknown)} are not outputs of circuit {circuit.name!r}; its outputs are {sorted(circuit.outputs)}"
+            )
         self.spark = spark
         self.root = root
         self.circuit = circuit
@@ -114,7 +116,9 @@ class Pipeline:
         self.divisions = DivisionLog(root)
         self.inputs = InputLog(spark, root, circuit.inputs)
         self.outputs = OutputLog(spark, root, verify=verify)
-        self.state = DeltaStateStore(spark, root, frozenset({STATE_FORMAT}) if isinstance(circuit, KLogsCircuit) else READS)
+        self.state = DeltaStateStore(
+            spark, root, frozenset({STATE_FORMAT}) if isinstance(circuit, KLogsCircuit) else READS
+        )
         self.views = CurrentViews(spark, root, views, partitions=workers)
         self.lease = Lease(root)
         self.sinks = Sinks(root, circuit)
@@ -267,4 +271,3 @@ class Pipeline:
             "_step bigint, _input array<struct<source: string, partition: bigint, start: bigint, end: bigint>>",
         )
         return self.outputs.read(handle, first, last).join(offsets, "_step", "left")
-

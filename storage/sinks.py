@@ -42,7 +42,13 @@ from .errors import StaleWriterError, StorageError
 from .logs import STEP, output_uri
 
 TOKENS = "_tokens"
-_TOKEN_FIELDS = [("stage", pa.string()), ("key", pa.string()), ("offset", pa.string()), ("step", pa.int64()), ("epoch", pa.int64())]
+_TOKEN_FIELDS = [
+    ("stage", pa.string()),
+    ("key", pa.string()),
+    ("offset", pa.string()),
+    ("step", pa.int64()),
+    ("epoch", pa.int64()),
+]
 TOKEN_SCHEMA = pa.schema(_TOKEN_FIELDS)
 _INTENT = ""  # the key of a sink's record of where its target stood before a step's first attempt
 _EPOCH = "_epoch"  # the stage of the record of the newest epoch kept when its tokens are pruned
@@ -124,7 +130,9 @@ class TokenStore:
 
     def record(self, stage: str, step: int, epoch: int, messages: list[Message]) -> None:
         if messages:
-            rows = [{"stage": stage, "key": m.key_text, "offset": m.offset, "step": step, "epoch": epoch} for m in messages]
+            rows = [
+                {"stage": stage, "key": m.key_text, "offset": m.offset, "step": step, "epoch": epoch} for m in messages
+            ]
             _append(self.uri, TOKEN_SCHEMA, rows)
 
     def intent(self, stage: str, step: int, epoch: int, mark: Callable[[], str]) -> str | None:
@@ -134,7 +142,9 @@ class TokenStore:
         rows = _rows(self.uri, (pc.field("stage") == stage) & (pc.field("step") == step) & (pc.field("key") == _INTENT))
         if rows is not None and rows.num_rows:
             return rows.column("offset")[0].as_py()
-        _append(self.uri, TOKEN_SCHEMA, [{"stage": stage, "key": _INTENT, "offset": mark(), "step": step, "epoch": epoch}])
+        _append(
+            self.uri, TOKEN_SCHEMA, [{"stage": stage, "key": _INTENT, "offset": mark(), "step": step, "epoch": epoch}]
+        )
         return None
 
     def prune(self, before: int) -> int:
@@ -151,7 +161,9 @@ class TokenStore:
         newest = pc.max(rows.column("epoch")).as_py()
         kept = rows.filter(pc.invert(old))
         if not pc.any(pc.equal(kept.column("epoch"), newest)).as_py():
-            _append(self.uri, TOKEN_SCHEMA, [{"stage": _EPOCH, "key": "", "offset": "", "step": before, "epoch": newest}])
+            _append(
+                self.uri, TOKEN_SCHEMA, [{"stage": _EPOCH, "key": "", "offset": "", "step": before, "epoch": newest}]
+            )
         try:
             metrics = open_table(self.uri).delete(f"step < {int(before)}")
         except (CommitFailedError, OSError) as e:
@@ -201,7 +213,14 @@ class DeltaSink:
         _check_epoch(rows, self.uri, epoch)
         done = _done(rows, stage, step)
         todo = [
-            {"stage": stage, "key": m.key_text, "offset": m.offset, "step": step, "epoch": epoch, "value": json.dumps(m.value)}
+            {
+                "stage": stage,
+                "key": m.key_text,
+                "offset": m.offset,
+                "step": step,
+                "epoch": epoch,
+                "value": json.dumps(m.value),
+            }
             for m in messages
             if (m.key_text, m.offset) not in done
         ]

@@ -235,10 +235,14 @@ class CurrentViews:
         for sink, first in todo.items():
             log = open_table(output_uri(self.root, sink))
             if log is None:
-                raise ViewError(f"view {sink!r}: the output log {output_uri(self.root, sink)} has no steps; run the step first")
+                raise ViewError(
+                    f"view {sink!r}: the output log {output_uri(self.root, sink)} has no steps; run the step first"
+                )
             schema = table_schema(log)
             columns = [f for f in schema.fields if f.name not in (WEIGHT, STEP)]
-            tables[sink] = ensure_table(self.uri(sink), pa.schema([pa.field(f.name, _arrow(log, f.name), True) for f in columns]))
+            tables[sink] = ensure_table(
+                self.uri(sink), pa.schema([pa.field(f.name, _arrow(log, f.name), True) for f in columns])
+            )
             files = files_of_steps(log, first, step)
             if files:
                 # The row columns, known from the log: asking the frame would be a round trip.
@@ -303,7 +307,7 @@ def _refuse_negative(sink: str, files: WrittenFiles, first: int, step: int) -> N
     examples = ", ".join(f"{row} x {-n}" for row, n in totals.most_common(5))
     raise NegativeViewError(
         f"view {sink!r}, steps {first}..{step}: the change log adds up to a negative count for {len(totals)} row(s), "
-        f"e.g. {examples}. The circuit, or the input's retractions (\"_weight\": -1), deleted rows that were never "
+        f'e.g. {examples}. The circuit, or the input\'s retractions ("_weight": -1), deleted rows that were never '
         f"there. The view is left at step {first - 1} and the change log is intact; fix the retractions, or set "
         f"`current: false` on sink {sink!r} to run on without its current view"
     )
@@ -347,7 +351,11 @@ def read_view(root: str, sink: str, step: int | None = None, limit: int | None =
     table = DeltaTable(uri, version=version)
     files = table.file_uris()
     if any(not os.path.exists(f.removeprefix("file://")) for f in files):
-        kept = sorted(s for s, v in step_versions(uri).items() if v in retained_view_versions(root).get(uri, set()) and s < committed)
+        kept = sorted(
+            s
+            for s, v in step_versions(uri).items()
+            if v in retained_view_versions(root).get(uri, set()) and s < committed
+        )
         raise ViewError(
             f"view {sink!r}: step {at} was removed by vacuum, which keeps the view at the steps of the retained "
             f"checkpoints and the latest one; readable steps: {kept}"
@@ -364,7 +372,11 @@ def _version_of_step(uri: str, sink: str, step: int, committed: int) -> int:
         first = min(held, default=None)
         raise ViewError(
             f"view {sink!r} has no version for step {step}: it holds committed steps "
-            + (f"{first}..{committed - 1} (it started at step {first}, when the sink became current)" if held else "none yet")
+            + (
+                f"{first}..{committed - 1} (it started at step {first}, when the sink became current)"
+                if held
+                else "none yet"
+            )
         )
     return versions[step]
 

@@ -95,9 +95,7 @@ def nexmark_records(start: int, count: int, seed: int = 0) -> dict[str, list[dic
     return records
 
 
-def nexmark_inputs(
-    spark: SparkSession, events: list[tuple[str, tuple]], weight: int = 1
-) -> dict[str, DataFrame]:
+def nexmark_inputs(spark: SparkSession, events: list[tuple[str, tuple]], weight: int = 1) -> dict[str, DataFrame]:
     """Z-sets of ``events`` (each with ``weight``) per input: persons, auctions, bids."""
     rows: dict[str, list[tuple]] = {name: [] for name in SCHEMAS}
     for kind, row in events:

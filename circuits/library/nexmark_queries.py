@@ -53,8 +53,10 @@ def q4(auctions: Stream, bids: Stream) -> Stream:
     GROUP BY category``
     """
     opened = auctions.select(auction="id", category="category", opened="date_time", expires="expires")
-    in_time = bids.select("auction", "price", "date_time").join(opened, "auction").filter(
-        F.col("date_time").between(F.col("opened"), F.col("expires"))
+    in_time = (
+        bids.select("auction", "price", "date_time")
+        .join(opened, "auction")
+        .filter(F.col("date_time").between(F.col("opened"), F.col("expires")))
     )
     finals = in_time.group_by("auction", "category").agg(final=agg.max("price"))
     return finals.group_by("category").agg(avg_final=agg.avg("final"))
@@ -75,7 +77,9 @@ def q15(bids: Stream) -> Stream:
     )
 
 
-def nexmark_circuit(name: str = "nexmark", queries: tuple[str, ...] = ("bids_by_category", "q3", "q4", "q15")) -> Circuit:
+def nexmark_circuit(
+    name: str = "nexmark", queries: tuple[str, ...] = ("bids_by_category", "q3", "q4", "q15")
+) -> Circuit:
     """A circuit over the three Nexmark inputs with the chosen views as outputs."""
     circuit = Circuit(name)
     inputs = {input_name: circuit.input(input_name, schema) for input_name, schema in SCHEMAS.items()}

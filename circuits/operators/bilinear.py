@@ -55,8 +55,7 @@ class Join(Operator):
         clash = sorted(set(left_only) & set(right_only))
         if clash:
             raise ExpressionError(
-                f"columns {clash} are on both sides of the join but not in on={on}; rename one side "
-                "with select() first"
+                f"columns {clash} are on both sides of the join but not in on={on}; rename one side with select() first"
             )
         d_left = ctx.keyed(left, on)
         d_right = ctx.keyed(right, on)
@@ -89,7 +88,9 @@ class Join(Operator):
         if ctx.is_empty(1):
             touched = d_left.select(*ROUTED, *on).dropna(subset=on)
             ctx.stage("left", d_left)
-            return _inner(d_left, ctx.step.build(ctx.lookup("right", touched, on, d_right, null_safe=False)), on, columns)
+            return _inner(
+                d_left, ctx.step.build(ctx.lookup("right", touched, on, d_right, null_safe=False)), on, columns
+            )
         touched = d_right.select(*ROUTED, *on).dropna(subset=on)
         ctx.stage("right", d_right)
         return _inner(ctx.lookup("left", touched, on, d_left, null_safe=False), ctx.step.build(d_right), on, columns)
@@ -113,12 +114,7 @@ def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, pads) 
 
 def _matched_keys(right: DataFrame, on: list[str]) -> DataFrame:
     """Keys with a positive total weight on the right: the keys that have a match."""
-    return (
-        right.groupBy(*ROUTED, *on)
-        .agg(F.sum(WEIGHT).alias(WEIGHT))
-        .where(weight() > 0)
-        .select(*ROUTED, *on)
-    )
+    return right.groupBy(*ROUTED, *on).agg(F.sum(WEIGHT).alias(WEIGHT)).where(weight() > 0).select(*ROUTED, *on)
 
 
 def _inner(left: DataFrame, right: DataFrame, on: list[str], columns: list[str]) -> DataFrame:
@@ -179,7 +175,8 @@ class KeyedJoin(Operator):
         left_columns, right_columns = columns
         keys = [*ROUTED, *self.on]
         right = consolidate(right, routed=True).select(
-            *[F.col(c).alias(c + _R) for c in keys], *[c for c in right_columns if c not in self.on],
+            *[F.col(c).alias(c + _R) for c in keys],
+            *[c for c in right_columns if c not in self.on],
             weight().alias(WEIGHT + _R),
         )
         left = consolidate(left, routed=True)

@@ -196,20 +196,16 @@ class Aggregate(Operator):
             .where((weight() > 0) & F.col(column).isNotNull())
         )
         extremes = {
-            f"_a{i}": _EXTREMES[a.kind] for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES and a.column == column
+            f"_a{i}": _EXTREMES[a.kind]
+            for i, (_, a) in enumerate(self.aggs)
+            if a.kind in _EXTREMES and a.column == column
         }
         per_group = present.groupBy(*ROUTED, *keys).agg(*[f(column).alias(name) for name, f in extremes.items()])
         return _shape(per_group, self._state_columns(), keys, list(extremes))
 
-    def _distinct_counts(
-        self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame
-    ) -> DataFrame:
+    def _distinct_counts(self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame) -> DataFrame:
         """Per touched group, the number of values that appear minus those that disappear."""
-        pairs = (
-            values.where(F.col(column).isNotNull())
-            .groupBy(*ROUTED, *keys, column)
-            .agg(F.sum(WEIGHT).alias(WEIGHT))
-        )
+        pairs = values.where(F.col(column).isNotNull()).groupBy(*ROUTED, *keys, column).agg(F.sum(WEIGHT).alias(WEIGHT))
         old = ctx.lookup(f"values.{column}", pairs, [*keys, column], values, null_safe=True)
         zero = F.lit(0).cast("bigint")
         both = add(
@@ -234,9 +230,7 @@ class Aggregate(Operator):
                 values.append(F.when(nonnull > 0, acc.cast("double") / nonnull).alias(name))
             else:
                 values.append(acc.alias(name))
-        return state.where(F.col(_ROWS) > 0).select(
-            PART, *self.keys, *values, F.lit(sign).cast("bigint").alias(WEIGHT)
-        )
+        return state.where(F.col(_ROWS) > 0).select(PART, *self.keys, *values, F.lit(sign).cast("bigint").alias(WEIGHT))
 
 
 def _partials(i: int, a: Agg) -> dict[str, Column]:
@@ -344,9 +338,7 @@ class DefaultRow(Operator):
         d = with_vnode(delta.select(*columns, weight()), columns, vnodes)
         total = consolidate(add(ctx.scan("integral", d), d))
         ctx.stage("integral", d)
-        values = [
-            (F.lit(0) if c in self.zeros else F.lit(None)).cast(schema[c].dataType).alias(c) for c in columns
-        ]
+        values = [(F.lit(0) if c in self.zeros else F.lit(None)).cast(schema[c].dataType).alias(c) for c in columns]
         default = ctx.step.spark.range(1).select(*values, F.lit(1).cast("bigint").alias(WEIGHT))
         after = add(total.select(*columns, weight()), default.join(total, F.lit(True), "left_anti"))
         after = with_vnode(after, columns, vnodes)

@@ -9,7 +9,9 @@ from pyspark.sql import DataFrame, SparkSession
 from .parse import parse_views, views_read
 
 
-def batch_views(spark: SparkSession, text: str, tables: Mapping[str, DataFrame], file: str = "<sql>") -> dict[str, DataFrame]:
+def batch_views(
+    spark: SparkSession, text: str, tables: Mapping[str, DataFrame], file: str = "<sql>"
+) -> dict[str, DataFrame]:
     """Each materialized view of ``text`` recomputed from scratch by Spark over ``tables``
     (name -> contents): every table and view becomes a temporary view of ``spark``, the
     views in dependency order, so a view's text runs unchanged."""
@@ -33,6 +35,9 @@ def standalone_sql(text: str, file: str = "<sql>") -> dict[str, str]:
         if view.materialized:
             needed = views_read(view, views)
             ctes = [f"`{v.name}` AS ({v.text})" for v in views if v.name.lower() in needed]
-            queries[view.name] = f"WITH {', '.join(ctes)}, `{view.name}` AS ({view.text}) SELECT * FROM `{view.name}`" if ctes else view.text
+            queries[view.name] = (
+                f"WITH {', '.join(ctes)}, `{view.name}` AS ({view.text}) SELECT * FROM `{view.name}`"
+                if ctes
+                else view.text
+            )
     return queries
-

@@ -208,7 +208,13 @@ class _Compiler:
         """The select list as (name, Spark SQL over internal names), stars expanded."""
         items = []
         for e in node.expressions:
-            star = e if isinstance(e, exp.Star) else e.this if isinstance(e, exp.Column) and isinstance(e.this, exp.Star) else None
+            star = (
+                e
+                if isinstance(e, exp.Star)
+                else e.this
+                if isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
+                else None
+            )
             if star is not None:
                 table = e.table.lower() if isinstance(e, exp.Column) else ""
                 cols = [c for c in scope.cols if not table or (c.qualifier or "").lower() == table]
@@ -265,7 +271,9 @@ class _Compiler:
         if name not in self.inputs:
             self.inputs[name] = self.circuit.input(name, self.schemas[name])
         schema = self.schemas[name]
-        return Rel(self.inputs[name], [Col(None, f.name, f.name) for f in schema.fields], {f.name: f.dataType for f in schema})
+        return Rel(
+            self.inputs[name], [Col(None, f.name, f.name) for f in schema.fields], {f.name: f.dataType for f in schema}
+        )
 
     def join(self, left: Rel, right: Rel, node: exp.Join) -> Rel:
         if node.args.get("using") or node.method:
@@ -314,7 +322,10 @@ class _Compiler:
             inner = c.this if isinstance(c, exp.Not) else c
             if isinstance(inner, exp.Exists) or (isinstance(inner, exp.In) and inner.args.get("query")):
                 subqueries.append((inner, isinstance(c, exp.Not)))
-            elif any(isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and n.args.get("query")) for n in c.walk()):
+            elif any(
+                isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and n.args.get("query"))
+                for n in c.walk()
+            ):
                 raise SqlError(f"a subquery is supported only as a conjunct of WHERE: {c.sql(DIALECT)[:80]}")
             else:
                 plain.append(c)
@@ -344,7 +355,12 @@ class _Compiler:
     def correlated(self, query: exp.Expression, outer: _Scope) -> tuple[Rel, list[tuple[str, str]], str | None]:
         """A subquery's relation (its select list last, for IN), and the key pairs
         (outer, inner) and residual condition of its WHERE conjuncts that read ``outer``."""
-        if not isinstance(query, exp.Select) or _is_aggregate(query) or query.args.get("distinct") or query.args.get("with_"):
+        if (
+            not isinstance(query, exp.Select)
+            or _is_aggregate(query)
+            or query.args.get("distinct")
+            or query.args.get("with_")
+        ):
             return self.query(query, None), [], None
         rel = self.from_(query, outer)
         scope = _Scope(rel.cols, outer)
@@ -370,7 +386,7 @@ class _Compiler:
         keys = [self.resolve(self._group_expression(g, node, scope), scope) for g in _group_by(node)]
         calls: dict[str, tuple[str, exp.AggFunc]] = {}
         for e in [*node.expressions, node.args.get("having")]:
-            for call in (e.find_all(exp.AggFunc) if e else []):
+            for call in e.find_all(exp.AggFunc) if e else []:
                 text = self.resolve(call, scope)
                 calls.setdefault(text, (self.fresh(), call))
         key_cols = [self.fresh() for _ in keys] or [self.fresh()]
@@ -383,7 +399,9 @@ class _Compiler:
             aggs[out] = ops.Agg(kind, column)
         projected = {**dict(zip(key_cols, keys or ["0"])), **{c: text for text, c in arguments.items()}}
         types = self.types_of(rel.schema(), projected)
-        grouped = rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()]).group_by(*key_cols).agg(**aggs)
+        grouped = (
+            rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()]).group_by(*key_cols).agg(**aggs)
+        )
         types.update({out: _aggregate_type(a, types) for out, a in aggs.items()})
         if not keys:
             zeros = tuple(out for out, a in aggs.items() if a.kind in ("count", "count_distinct"))
@@ -475,7 +493,9 @@ def _and(a: str | None, b: str) -> str:
 
 
 def _is_aggregate(query: exp.Select) -> bool:
-    return query.args.get("group") is not None or any(isinstance(n, exp.AggFunc) for e in query.expressions for n in e.walk())
+    return query.args.get("group") is not None or any(
+        isinstance(n, exp.AggFunc) for e in query.expressions for n in e.walk()
+    )
 
 
 def _group_by(node: exp.Select) -> list[exp.Expression]:

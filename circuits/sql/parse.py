@@ -44,9 +44,23 @@ _REFUSED_NODES: dict[type[exp.Expression], str] = {
     exp.CurrentDate: "current_date() (non-deterministic)",
 }
 _NONDETERMINISTIC = {
-    "rand", "randn", "random", "uuid", "shuffle", "now", "current_timestamp", "current_date",
-    "localtimestamp", "monotonically_increasing_id", "spark_partition_id", "input_file_name",
-    "input_file_block_start", "input_file_block_length", "unix_timestamp", "try_reflect", "reflect",
+    "rand",
+    "randn",
+    "random",
+    "uuid",
+    "shuffle",
+    "now",
+    "current_timestamp",
+    "current_date",
+    "localtimestamp",
+    "monotonically_increasing_id",
+    "spark_partition_id",
+    "input_file_name",
+    "input_file_block_start",
+    "input_file_block_length",
+    "unix_timestamp",
+    "try_reflect",
+    "reflect",
 }
 _CREATE = re.compile(r"\s*CREATE\s+(MATERIALIZED|TEMPORARY)\s+VIEW\b", re.IGNORECASE)
 _HEAD = re.compile(r"\s*CREATE\s+\w+\s+VIEW\s+[\w`]+\s+AS\s", re.IGNORECASE)
@@ -102,7 +116,9 @@ def _view(statement: str, line: int, file: str) -> View:
     if kind is None:
         head = " ".join(statement.split()[:3])
         raise located(
-            file, line, None,
+            file,
+            line,
+            None,
             f"{head!r}: only CREATE MATERIALIZED VIEW name AS SELECT ... and CREATE TEMPORARY VIEW name AS "
             "SELECT ... are supported in a views file",
         )
@@ -113,7 +129,9 @@ def _view(statement: str, line: int, file: str) -> View:
         raise located(file, first.get("line") or line, None, f"syntax error: {first.get('description', e)}") from e
     query = create.expression
     if not isinstance(create, exp.Create) or create.kind != "VIEW" or not isinstance(query, exp.Query):
-        raise located(file, line, None, "syntax error: expected CREATE ... VIEW name AS SELECT ...; check the statement")
+        raise located(
+            file, line, None, "syntax error: expected CREATE ... VIEW name AS SELECT ...; check the statement"
+        )
     head = _HEAD.match(statement)
     body = statement[head.end() :].strip() if head else query.sql(DIALECT)
     view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body)
@@ -156,8 +174,10 @@ def _in_dependency_order(views: list[View]) -> list[View]:
         if state.get(key) == "done":
             return
         if state.get(key) == "visiting":
-            cycle = " -> ".join([*path[path.index(key):], key])
-            raise view.error(f"views read each other in a cycle ({cycle}); break the cycle: a view may read other views, not itself through them")
+            cycle = " -> ".join([*path[path.index(key) :], key])
+            raise view.error(
+                f"views read each other in a cycle ({cycle}); break the cycle: a view may read other views, not itself through them"
+            )
         state[key] = "visiting"
         for table in sorted(read_tables(view.query)):
             if table in by_name:

@@ -24,7 +24,9 @@ class FilesSpec(_Group):
     kind: Literal["files"]
     directory: str = Field(description="the landing directory")
     pattern: str = Field("*", description="a glob the file names must match")
-    poll_interval: float = Field(0.05, gt=0, description="seconds between scans of the directory for new and grown files")
+    poll_interval: float = Field(
+        0.05, gt=0, description="seconds between scans of the directory for new and grown files"
+    )
 
 
 class TcpSpec(_Group):
@@ -66,7 +68,12 @@ class GatewaySpec(BaseModel):
     control_host: str = Field("127.0.0.1", description="address of the control endpoint (flush, status)")
     control_port: int = Field(0, ge=0, lt=65536, description="port of the control endpoint (0: any free one)")
     cursors: str = Field("", description="the Delta table of the cursors (default <DBSP_HOME>/gateway/cursors)")
-    cursor_commit_seconds: float = Field(1.0, gt=0, description="most seconds between two commits of the cursors "
-                                                                 "while the broker acknowledges bytes")
-    cursor_commit_bytes: int = Field(4 << 20, gt=0, description="acknowledged bytes after which the cursors are "
-                                                                 "committed without waiting for cursor_commit_seconds")
+    cursor_commit_seconds: float = Field(
+        1.0, gt=0, description="most seconds between two commits of the cursors while the broker acknowledges bytes"
+    )
+    cursor_commit_bytes: int = Field(
+        4 << 20,
+        gt=0,
+        description="acknowledged bytes after which the cursors are "
+        "committed without waiting for cursor_commit_seconds",
+    )

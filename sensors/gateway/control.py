@@ -31,8 +31,14 @@ STATE_FILE = "gateway.json"
 class ControlServer:
     """Serves ``flush`` (POST /flush) and ``status`` (GET /status) on a thread of its own."""
 
-    def __init__(self, host: str, port: int, flush: Callable[[], dict], status: Callable[[], dict],
-                 rescale: Callable[[int], dict] | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        flush: Callable[[], dict],
+        status: Callable[[], dict],
+        rescale: Callable[[int], dict] | None = None,
+    ) -> None:
         routes = {("POST", "/flush"): flush, ("GET", "/status"): status}
         if rescale is not None:
             routes[("POST", "/rescale")] = lambda workers: rescale(int(workers))

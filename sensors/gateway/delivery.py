@@ -67,11 +67,11 @@ def cut(state: _Source, data: bytes, first: int, size: int) -> Iterable[tuple[by
         piece = data if newline < 0 else data[: newline + 1]
         state.long_record = newline < 0
         yield piece, first, True
-        data, first = data[len(piece):], first + len(piece)
+        data, first = data[len(piece) :], first + len(piece)
     newline = data.rfind(b"\n")
     if newline >= 0:
         yield data[: newline + 1], first, False
-        data, first = data[newline + 1:], first + newline + 1
+        data, first = data[newline + 1 :], first + newline + 1
     if len(data) >= size:
         state.long_record = True
         yield data, first, True
@@ -99,8 +99,9 @@ class Delivery:
         # Idempotence: a retried request is neither written twice nor reordered.  The step's
         # reader skips a source's bytes below what it already read, so a later range landing
         # before an earlier one would lose the earlier one.
-        self._producer = Producer(client_config(bootstrap_servers,
-                                                {"linger.ms": 0, "enable.idempotence": True, **(config or {})}))
+        self._producer = Producer(
+            client_config(bootstrap_servers, {"linger.ms": 0, "enable.idempotence": True, **(config or {})})
+        )
         self._release = release
         self._on_failure = on_failure
         self._sources: dict[str, _Source] = {}
@@ -176,7 +177,9 @@ class Delivery:
             tail, state.tail = state.tail, b""
             self._produce(source, state, tail, state.sent, state.long_record, None)
 
-    def _produce(self, source: str, state: _Source, value: bytes, start: int, partial: bool, buffer: Buffer | None) -> None:
+    def _produce(
+        self, source: str, state: _Source, value: bytes, start: int, partial: bool, buffer: Buffer | None
+    ) -> None:
         end = start + len(value)
         headers = [(RANGE_HEADER, f"{start}-{end}".encode())] + ([(PARTIAL_HEADER, b"1")] if partial else [])
 
@@ -189,15 +192,18 @@ class Delivery:
         state.messages += 1
         while True:
             try:
-                self._producer.produce(state.topic, value=value, key=source.encode(), headers=headers, on_delivery=delivered)
+                self._producer.produce(
+                    state.topic, value=value, key=source.encode(), headers=headers, on_delivery=delivered
+                )
                 return
             except BufferError:
                 # librdkafka's queue is full: serve acknowledgements to make room (rare: the
                 # pool's buffers bound what is in flight).
                 self._producer.poll(0.01)
 
-    def _delivered(self, source: str, start: int, end: int, error: KafkaError | None, message: Message,
-                   buffer: Buffer | None) -> None:
+    def _delivered(
+        self, source: str, start: int, end: int, error: KafkaError | None, message: Message, buffer: Buffer | None
+    ) -> None:
         with self._lock:
             state = self._sources.get(source)
             if state is not None and error is None:
@@ -265,8 +271,14 @@ class Delivery:
         """Per source: topic, bytes produced and acknowledged, messages, failures."""
         with self._lock:
             return {
-                name: {"topic": s.topic, "bytes_sent": s.bytes_sent, "acked": s.acked, "messages": s.messages,
-                       "delivery_failures": s.failures, "last_delivery_failure": s.last_failure}
+                name: {
+                    "topic": s.topic,
+                    "bytes_sent": s.bytes_sent,
+                    "acked": s.acked,
+                    "messages": s.messages,
+                    "delivery_failures": s.failures,
+                    "last_delivery_failure": s.last_failure,
+                }
                 for name, s in self._sources.items()
             }
 
@@ -276,8 +288,13 @@ class Delivery:
         self._poller.join()
 
 
-def acknowledged_since(bootstrap_servers: str, config: dict | None, read_back: dict[tuple[str, int], int],
-                       topics: Iterable[str], timeout: float = 10.0) -> dict[tuple[str, str], dict[int, int]]:
+def acknowledged_since(
+    bootstrap_servers: str,
+    config: dict | None,
+    read_back: dict[tuple[str, int], int],
+    topics: Iterable[str],
+    timeout: float = 10.0,
+) -> dict[tuple[str, str], dict[int, int]]:
     """The byte ranges ``{start: end}`` of each ``(topic, source)`` found on the broker from
     the ``read_back`` offsets on: what a gateway had delivered after its last cursor commit.
     A partition of ``topics`` without a read-back offset (no commit saw a message of it:
@@ -296,8 +313,9 @@ def acknowledged_since(bootstrap_servers: str, config: dict | None, read_back: d
     return found
 
 
-def _read_back_starts(consumer: Consumer, read_back: dict[tuple[str, int], int], topics: Iterable[str],
-                      timeout: float) -> dict[tuple[str, int], int]:
+def _read_back_starts(
+    consumer: Consumer, read_back: dict[tuple[str, int], int], topics: Iterable[str], timeout: float
+) -> dict[tuple[str, int], int]:
     """Where to read back each partition of ``topics`` (and of ``read_back``) from."""
     starts = dict(read_back)
     for topic in set(topics):

@@ -117,15 +117,23 @@ class AsyncSourceExecutor:
     of the asynchronous-sources design's flush (a quiet gateway delivers at once, a busy one in full buffers).
     """
 
-    def __init__(self, pool: BufferPool, deliver: Deliver, io_threads: int = 1, *,
-                 backoff: tuple[float, float] = (0.1, 5.0),
-                 on_add: Callable[[Source], None] | None = None,
-                 on_status: Callable[[str, str, str | None], None] | None = None,
-                 idle: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        pool: BufferPool,
+        deliver: Deliver,
+        io_threads: int = 1,
+        *,
+        backoff: tuple[float, float] = (0.1, 5.0),
+        on_add: Callable[[Source], None] | None = None,
+        on_status: Callable[[str, str, str | None], None] | None = None,
+        idle: Callable[[], bool] | None = None,
+    ):
         if io_threads < 1:
             raise GatewayConfigError(f"gateway.io_threads is {io_threads}: set it to 1 or more")
         if not 0 < backoff[0] <= backoff[1]:
-            raise GatewayConfigError(f"the retry backoff {backoff} must be (first, longest) seconds, 0 < first <= longest")
+            raise GatewayConfigError(
+                f"the retry backoff {backoff} must be (first, longest) seconds, 0 < first <= longest"
+            )
         self.pool = pool
         self._deliver = deliver
         self._backoff = backoff
@@ -226,8 +234,10 @@ class AsyncSourceExecutor:
         coroutines are cancelled)."""
         with self._lock:
             if len(self._threads) == 1 or self._threads[-1].sources:
-                raise GatewayError(f"the last I/O thread cannot stop: {len(self._threads)} thread(s), "
-                                   f"{self._threads[-1].sources} source(s) on it")
+                raise GatewayError(
+                    f"the last I/O thread cannot stop: {len(self._threads)} thread(s), "
+                    f"{self._threads[-1].sources} source(s) on it"
+                )
             io = self._threads.pop()
             started = self._started and not self._stopped
         if started:
@@ -466,8 +476,15 @@ def _written(fill: asyncio.Task) -> int:
 
 
 def _figures(runner: _Runner) -> dict:
-    return {"status": runner.status, "thread": runner.io.index, "position": runner.offset, "bytes": runner.bytes,
-            "buffers": runner.buffers, "errors": runner.errors, "last_error": runner.last_error}
+    return {
+        "status": runner.status,
+        "thread": runner.io.index,
+        "position": runner.offset,
+        "bytes": runner.bytes,
+        "buffers": runner.buffers,
+        "errors": runner.errors,
+        "last_error": runner.last_error,
+    }
 
 
 def _close(source: Source) -> None:

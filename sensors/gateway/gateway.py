@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 ENDED = (FINISHED, FAILED, GONE, REPLACED)
 
 
-def resume_positions(committed: Cursors, acknowledged: dict[tuple[str, str], dict[int, int]]) -> dict[tuple[str, str], int]:
+def resume_positions(
+    committed: Cursors, acknowledged: dict[tuple[str, str], dict[int, int]]
+) -> dict[tuple[str, str], int]:
     """Where each source resumes: its committed position (0 when none), advanced over the
     acknowledged ranges ``{start: end}`` found since while they continue it without a gap."""
     resume = dict(committed.positions)
@@ -71,17 +73,30 @@ def flush_on_idle(delivery: Delivery, executor: AsyncSourceExecutor) -> None:
 class Gateway:
     """One gateway process's sources, from ``groups``, landing in Kafka at ``bootstrap_servers``."""
 
-    def __init__(self, spec: GatewaySpec, groups: list[SourceSpec], bootstrap_servers: str, kafka_config: dict | None,
-                 home: str, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        spec: GatewaySpec,
+        groups: list[SourceSpec],
+        bootstrap_servers: str,
+        kafka_config: dict | None,
+        home: str,
+        timeout: float = 30.0,
+    ) -> None:
         self.spec, self.groups, self.home, self.timeout = spec, groups, home, timeout
         self._kafka = (bootstrap_servers, kafka_config)
         self.cursors = CursorStore(spec.cursors or os.path.join(home, "cursors"))
         self.pool = BufferPool(spec.buffers, spec.buffer_size)
-        self.delivery = Delivery(bootstrap_servers, kafka_config, self.pool.release, self._delivery_failed,
-                                 spec.cursor_commit_bytes)
-        self.executor = AsyncSourceExecutor(self.pool, self.delivery.deliver, spec.io_threads,
-                                            on_add=self._added, on_status=self._status,
-                                            idle=lambda: self.delivery.idle)
+        self.delivery = Delivery(
+            bootstrap_servers, kafka_config, self.pool.release, self._delivery_failed, spec.cursor_commit_bytes
+        )
+        self.executor = AsyncSourceExecutor(
+            self.pool,
+            self.delivery.deliver,
+            spec.io_threads,
+            on_add=self._added,
+            on_status=self._status,
+            idle=lambda: self.delivery.idle,
+        )
         self._topic_of: dict[str, str] = {}  # source id or file path: its group's topic
         self._resume: dict[tuple[str, str], int] = {}
         self._failed: list[str] = []
@@ -101,8 +116,9 @@ class Gateway:
     def start(self) -> None:
         committed = self.cursors.load()
         topics = [group.topic for group in self.groups]
-        self._resume = resume_positions(committed,
-                                        acknowledged_since(*self._kafka, committed.read_back, topics, self.timeout))
+        self._resume = resume_positions(
+            committed, acknowledged_since(*self._kafka, committed.read_back, topics, self.timeout)
+        )
         self.delivery.read_back_from(committed.read_back)
         self.executor.start()
         self.workers.start()
@@ -188,10 +204,17 @@ class Gateway:
 
     def _start_group(self, group: SourceSpec) -> None:
         if isinstance(group, FilesSpec):
-            known = latest_generations((sid for topic, sid in self._resume if topic == group.topic), group.directory,
-                                       group.pattern)
-            watcher = RoutedWatcher(group.directory, self._adder(group.topic), self.workers, pattern=group.pattern,
-                                    poll_interval=group.poll_interval, generations=known)
+            known = latest_generations(
+                (sid for topic, sid in self._resume if topic == group.topic), group.directory, group.pattern
+            )
+            watcher = RoutedWatcher(
+                group.directory,
+                self._adder(group.topic),
+                self.workers,
+                pattern=group.pattern,
+                poll_interval=group.poll_interval,
+                generations=known,
+            )
             self.executor.submit(watcher.run())
         elif isinstance(group, TcpSpec):
             listener = TcpListener(group.host, group.port, self._adder(group.topic), prefix=group.name)
@@ -245,6 +268,10 @@ class Gateway:
             self.delivery.rewind(source_id, position)
             self.executor.rewind(source_id, position)
         except GatewayError as e:
-            log.error("source %s: the broker refused its bytes after %d and the source cannot read them again (%s)",
-                      source_id, position, e)
+            log.error(
+                "source %s: the broker refused its bytes after %d and the source cannot read them again (%s)",
+                source_id,
+                position,
+                e,
+            )
             self._failed.append(source_id)

@@ -86,8 +86,13 @@ from circuits.sharding import DEFAULT_VNODES, Layout
 # -- placement: F(K, W) ------------------------------------------------------------------------
 
 _M = (1 << 64) - 1
-_P1, _P2, _P3, _P4, _P5 = (11400714785074694791, 14029467366897019727, 1609587929392839161,
-                           9650029242287828579, 2870177450012600261)
+_P1, _P2, _P3, _P4, _P5 = (
+    11400714785074694791,
+    14029467366897019727,
+    1609587929392839161,
+    9650029242287828579,
+    2870177450012600261,
+)
 SPARK_SEED = 42
 """The seed of Spark's ``xxhash64``."""
 
@@ -101,7 +106,7 @@ def _round(acc: int, lane: int) -> int:
 
 
 def _lane(data: bytes, i: int, width: int = 8) -> int:
-    return int.from_bytes(data[i:i + width], "little")
+    return int.from_bytes(data[i : i + width], "little")
 
 
 def xxhash64(data: bytes, seed: int = SPARK_SEED) -> int:
@@ -157,6 +162,7 @@ class Placement:
 
 
 # -- messages ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Data:
@@ -299,6 +305,7 @@ class Phase(str, Enum):
 
 
 # -- the distributor ---------------------------------------------------------------------------
+
 
 class Distributor:
     """ICADD's distributor of worker ``me`` (see the module for its rules).
@@ -539,8 +546,12 @@ class Distributor:
         return self._broadcast(Flush(self.me)) if self.rules.switch_barrier else []
 
     def _owes_drained(self) -> bool:
-        return (not self._sent_drained and self.new is not None and self.me in self.old.workers
-                and self._flushed >= self._everyone() - {self.me})
+        return (
+            not self._sent_drained
+            and self.new is not None
+            and self.me in self.old.workers
+            and self._flushed >= self._everyone() - {self.me}
+        )
 
     def _barrier_closed(self) -> bool:
         if not self.rules.switch_barrier:

@@ -123,8 +123,9 @@ class _Worker:
 class Simulation:
     """One run of ``scenario`` with distributors applying ``rules`` (see the module)."""
 
-    def __init__(self, scenario: Scenario, rules: Rules = Rules(), *, check_pingpong: bool = True,
-                 max_steps: int = 20_000):
+    def __init__(
+        self, scenario: Scenario, rules: Rules = Rules(), *, check_pingpong: bool = True, max_steps: int = 20_000
+    ):
         if len(scenario.sizes) < 2 or max(scenario.producers, default=0) >= min(scenario.sizes):
             raise ValueError("a scenario needs two sizes or more and producers present in every layout")
         self.scenario, self.rules = scenario, rules
@@ -183,8 +184,10 @@ class Simulation:
     def _advance(self) -> None:
         """Ends the migration under way once every worker is on its new layout; removes the
         workers that left once they are quiet; starts the next migration when due."""
-        if self.migrating and all(w.distributor.phase is Phase.STEADY and w.distributor.version == self.stage + 1
-                                  for w in self.workers.values()):
+        if self.migrating and all(
+            w.distributor.phase is Phase.STEADY and w.distributor.version == self.stage + 1
+            for w in self.workers.values()
+        ):
             self.migrating = False
             self.stage += 1
             self.leaving = set(self.workers) - set(range(self.scenario.sizes[self.stage]))
@@ -203,8 +206,9 @@ class Simulation:
 
     def _join(self, w: int) -> None:
         paths = [deque() for _ in range(self.scenario.paths)]
-        distributor = Distributor(w, self.layouts[self.stage], version=self.stage, paths=self.scenario.paths,
-                                  rules=self.rules)
+        distributor = Distributor(
+            w, self.layouts[self.stage], version=self.stage, paths=self.scenario.paths, rules=self.rules
+        )
         self.workers[w] = _Worker(distributor, paths)
         for other in self.workers:
             if other != w:
@@ -306,12 +310,14 @@ class Simulation:
     def _apply(self, w: int, data: Data) -> None:
         state = self.workers[w].state
         if data.key not in state and any(key == data.key for key, _ in self.processed):
-            raise Violation("state", f"worker {w} processes message {data.payload} of {data.key!r} without its "
-                                     f"state, which is {self._whereabouts(data.key)}")
+            raise Violation(
+                "state",
+                f"worker {w} processes message {data.payload} of {data.key!r} without its "
+                f"state, which is {self._whereabouts(data.key)}",
+            )
         seen = state.get(data.key, ())
         if data.payload != len(seen):
-            raise Violation("order", f"worker {w} processes message {data.payload} of {data.key!r} "
-                                     f"after {list(seen)}")
+            raise Violation("order", f"worker {w} processes message {data.payload} of {data.key!r} after {list(seen)}")
         self.processed.add((data.key, data.payload))
         state[data.key] = seen + (data.payload,)
 
@@ -354,8 +360,11 @@ class Simulation:
         for w, worker in self.workers.items():
             d = worker.distributor
             if d.phase is not Phase.STEADY or d.layout != last or d.version != self.stage:
-                raise Violation("termination", f"worker {w} stopped in {d.phase.value} on {d.layout.workers} "
-                                               f"workers, version {d.version}: {self.describe()}")
+                raise Violation(
+                    "termination",
+                    f"worker {w} stopped in {d.phase.value} on {d.layout.workers} "
+                    f"workers, version {d.version}: {self.describe()}",
+                )
         placement = Placement(last)
         for key, _ in self.processed:
             owners = [w for w, worker in self.workers.items() if key in worker.state]

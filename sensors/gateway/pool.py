@@ -169,8 +169,14 @@ class BufferPool:
             # once cannot pass a request that could have been served before it.
             if self._servable(account):
                 return self._take(account)
-            request = _Request(account, next(self._arrivals), loop, loop.create_future(), time.monotonic(),
-                               HOLDER if account.held else EMPTY)
+            request = _Request(
+                account,
+                next(self._arrivals),
+                loop,
+                loop.create_future(),
+                time.monotonic(),
+                HOLDER if account.held else EMPTY,
+            )
             account.request = request
             account.waits += 1
             heapq.heappush(self._queues[request.queue], (request.seq, request))
@@ -298,8 +304,12 @@ class BufferPool:
 
 
 def _figures(account: _Account) -> dict:
-    return {"held": account.held, "acquired": account.acquired, "waits": account.waits,
-            "wait_seconds": account.wait_seconds}
+    return {
+        "held": account.held,
+        "acquired": account.acquired,
+        "waits": account.waits,
+        "wait_seconds": account.wait_seconds,
+    }
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

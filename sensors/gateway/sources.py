@@ -268,8 +268,9 @@ class TcpListener:
     cancelled, then closes the socket.
     """
 
-    def __init__(self, host: str, port: int, on_source: Callable[[TcpSource], None], *,
-                 prefix: str = "tcp", backlog: int = 1024):
+    def __init__(
+        self, host: str, port: int, on_source: Callable[[TcpSource], None], *, prefix: str = "tcp", backlog: int = 1024
+    ):
         self._sock = socket.create_server((host, port), backlog=backlog, reuse_port=False)
         self._sock.setblocking(False)
         self._on_source = on_source
@@ -390,12 +391,17 @@ class FileSource(Source):
         except FileNotFoundError:
             stat = None
         if stat is None or (stat.st_dev, stat.st_ino) != self._inode:
-            raise SourceGone(self.id, f"{self.path} was deleted or replaced; all {self._position} bytes of it were read")
+            raise SourceGone(
+                self.id, f"{self.path} was deleted or replaced; all {self._position} bytes of it were read"
+            )
         size = os.fstat(self._fd).st_size
         if size < self._position:
             raise SourceReplaced(
-                self.id, f"{self.path} was truncated to {size} bytes, below the cursor at {self._position}; "
-                f"it is read again from 0 as a new source", self.successor())
+                self.id,
+                f"{self.path} was truncated to {size} bytes, below the cursor at {self._position}; "
+                f"it is read again from 0 as a new source",
+                self.successor(),
+            )
 
 
 def latest_generations(source_ids: Iterable[str], directory: str, pattern: str) -> dict[str, int]:
@@ -429,16 +435,25 @@ class DirectoryWatcher:
     file: choose a pattern that excludes rotated names.
     """
 
-    def __init__(self, directory: str, on_source: Callable[[FileSource], None], *, pattern: str = "*",
-                 poll_interval: float = 0.05, generations: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        directory: str,
+        on_source: Callable[[FileSource], None],
+        *,
+        pattern: str = "*",
+        poll_interval: float = 0.05,
+        generations: Mapping[str, int] | None = None,
+    ):
         """``generations``: each path's latest generation when an earlier run stopped (see
         :func:`latest_generations`); the file found there first continues it, so it resumes
         at that generation's cursor.  A file replaced while no gateway ran cannot be told
         from its predecessor (inodes are not recorded): it resumes at the cursor too, or, if
         it is shorter, is read from 0 as the next generation."""
         if poll_interval <= 0:
-            raise GatewayConfigError(f"poll_interval of {directory} is {poll_interval}: set sources[i].poll_interval "
-                                     f"to a positive number of seconds")
+            raise GatewayConfigError(
+                f"poll_interval of {directory} is {poll_interval}: set sources[i].poll_interval "
+                f"to a positive number of seconds"
+            )
         self.directory = directory
         self.pattern = pattern
         self.poll_interval = poll_interval
@@ -550,11 +565,13 @@ class HttpPollSource(Source):
         super().__init__(source_id or url)
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise GatewayConfigError(f"url {url!r} of source {self.id!r} is not http(s)://host[:port]/path: "
-                                     f"set sources[i].url to one")
+            raise GatewayConfigError(
+                f"url {url!r} of source {self.id!r} is not http(s)://host[:port]/path: set sources[i].url to one"
+            )
         if interval <= 0:
-            raise GatewayConfigError(f"interval of source {self.id!r} is {interval}: set sources[i].interval "
-                                     f"to a positive number of seconds")
+            raise GatewayConfigError(
+                f"interval of source {self.id!r} is {interval}: set sources[i].interval to a positive number of seconds"
+            )
         self.url, self.interval, self.timeout = url, interval, timeout
         self._parts = parts
         self._next_poll = 0.0
@@ -579,8 +596,11 @@ class HttpPollSource(Source):
                     self._remaining -= len(data)
                 return len(data)
             if self._remaining:
-                raise SourceFailed(self.id, f"GET {self.url}: the server closed the connection "
-                                            f"{self._remaining} bytes short of the Content-Length")
+                raise SourceFailed(
+                    self.id,
+                    f"GET {self.url}: the server closed the connection "
+                    f"{self._remaining} bytes short of the Content-Length",
+                )
             self._end_response()
 
     def close(self) -> None:
@@ -645,27 +665,33 @@ class HttpPollSource(Source):
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         secure = self._parts.scheme == "https"
         port = self._parts.port or (443 if secure else 80)
-        return await asyncio.open_connection(self._parts.hostname, port,
-                                             ssl=ssl.create_default_context() if secure else None)
+        return await asyncio.open_connection(
+            self._parts.hostname, port, ssl=ssl.create_default_context() if secure else None
+        )
 
     async def _read_head(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, str, dict]:
         target = self._parts.path or "/"
         if self._parts.query:
             target += "?" + self._parts.query
-        writer.write(f"GET {target} HTTP/1.1\r\nHost: {self._parts.netloc}\r\nConnection: close\r\n"
-                     f"Accept: */*\r\nUser-Agent: dbsp-gateway\r\n\r\n".encode("latin-1"))
+        writer.write(
+            f"GET {target} HTTP/1.1\r\nHost: {self._parts.netloc}\r\nConnection: close\r\n"
+            f"Accept: */*\r\nUser-Agent: dbsp-gateway\r\n\r\n".encode("latin-1")
+        )
         await writer.drain()
         line = (await reader.readline()).decode("latin-1")
         fields = line.split(" ", 2)
         if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
             raise SourceFailed(self.id, f"GET {self.url}: not an HTTP response: {line[:80]!r}")
         headers = {}
-        while (header := (await reader.readline()).decode("latin-1").strip()):
+        while header := (await reader.readline()).decode("latin-1").strip():
             name, _, value = header.partition(":")
             headers[name.strip().lower()] = value.strip()
         if headers.get("transfer-encoding", "identity").lower() != "identity":
-            raise SourceFailed(self.id, f"GET {self.url}: the response is {headers['transfer-encoding']}-encoded; "
-                                        f"only Content-Length or read-to-close bodies are supported")
+            raise SourceFailed(
+                self.id,
+                f"GET {self.url}: the response is {headers['transfer-encoding']}-encoded; "
+                f"only Content-Length or read-to-close bodies are supported",
+            )
         return int(fields[1]), fields[2].strip() if len(fields) > 2 else "", headers
 
     def _end_response(self) -> None:
@@ -692,8 +718,10 @@ class _Lines:
 
     def __init__(self, source_id: str, lines: int | None, line_size: int, rate: float | None):
         if rate is not None and rate <= 0:
-            raise GatewayConfigError(f"rate of source {source_id!r} is {rate}: set sources[i].rate to a positive "
-                                     f"number of lines per second, or leave it out")
+            raise GatewayConfigError(
+                f"rate of source {source_id!r} is {rate}: set sources[i].rate to a positive "
+                f"number of lines per second, or leave it out"
+            )
         self.source_id, self.lines, self.line_size, self.rate = source_id, lines, line_size, rate
         self.number = 0
         self._rest = memoryview(b"")

@@ -118,8 +118,16 @@ class Workers:
     of resuming it from the cursors); ``watchers`` is how a file path's watcher is found
     (to keep its current source and wake it)."""
 
-    def __init__(self, executor: AsyncSourceExecutor, workers: int, *, vnodes: int = DEFAULT_VNODES,
-                 on_moving: Callable[[str, Moving], None] | None = None, delivery: Any = None, parallel: int = 64):
+    def __init__(
+        self,
+        executor: AsyncSourceExecutor,
+        workers: int,
+        *,
+        vnodes: int = DEFAULT_VNODES,
+        on_moving: Callable[[str, Moving], None] | None = None,
+        delivery: Any = None,
+        parallel: int = 64,
+    ):
         self.executor = executor
         self.delivery = delivery
         self.on_moving = on_moving
@@ -178,8 +186,10 @@ class Workers:
             raise GatewayError(f"rescale to {workers} workers: give 1 or more")
         pinned = {w: len(wk.pinned) for w, wk in self.workers.items() if w >= workers and wk.pinned}
         if pinned:
-            raise GatewayError(f"workers {sorted(pinned)} run HTTP or generator sources, which do not move: "
-                               f"rescale to {max(pinned) + 1} workers or more")
+            raise GatewayError(
+                f"workers {sorted(pinned)} run HTTP or generator sources, which do not move: "
+                f"rescale to {max(pinned) + 1} workers or more"
+            )
         with self._lock:
             if self._migrating:
                 raise GatewayError("a migration is running: wait until `dbsp gateway status` shows every worker steady")
@@ -200,13 +210,16 @@ class Workers:
         # A limit on no progress, not on the whole migration: under load moving many keys
         # takes long while every key still moves.
         deadline, progress = time.monotonic() + timeout, None
-        while not all(wk.distributor.phase is Phase.STEADY and wk.distributor.version == self.version + 1
-                      for wk in list(self.workers.values())):
+        while not all(
+            wk.distributor.phase is Phase.STEADY and wk.distributor.version == self.version + 1
+            for wk in list(self.workers.values())
+        ):
             if progress != (progress := self._progress()):
                 deadline = time.monotonic() + timeout
             elif time.monotonic() > deadline:
-                raise GatewayError(f"the migration to {workers} workers made no progress for {timeout:g} s: "
-                                   f"{self.status()}")
+                raise GatewayError(
+                    f"the migration to {workers} workers made no progress for {timeout:g} s: {self.status()}"
+                )
             time.sleep(0.002)
         deadline = time.monotonic() + timeout
         self.layout, self.version = target, self.version + 1
@@ -215,8 +228,14 @@ class Workers:
         switched = time.perf_counter()
         for w in sorted((w for w in self.workers if w >= workers), reverse=True):
             self._leave(w, deadline)
-        figures = {"from": before.workers, "to": workers, "version": self.version, "moved": len(moved),
-                   "seconds": round(switched - began, 4), "stop_seconds": round(time.perf_counter() - switched, 4)}
+        figures = {
+            "from": before.workers,
+            "to": workers,
+            "version": self.version,
+            "moved": len(moved),
+            "seconds": round(switched - began, 4),
+            "stop_seconds": round(time.perf_counter() - switched, 4),
+        }
         self.moved = moved
         self.migrations.append(figures)
         return figures
@@ -251,8 +270,14 @@ class Workers:
             for _ in files:
                 if not self._restored.acquire(timeout=max(0.0, deadline - time.monotonic())):
                     raise GatewayError("the stopped rescale did not restart every source in time")
-            figures = {"from": before.workers, "to": workers, "version": self.version, "moved": len(states),
-                       "seconds": round(time.perf_counter() - began, 4), "stopped": True}
+            figures = {
+                "from": before.workers,
+                "to": workers,
+                "version": self.version,
+                "moved": len(states),
+                "seconds": round(time.perf_counter() - began, 4),
+                "stopped": True,
+            }
             self.migrations.append(figures)
             return figures
         finally:
@@ -267,9 +292,17 @@ class Workers:
     def _progress(self) -> tuple:
         """What changes while a migration goes on: each worker's phase, version, keys handed
         over and keys still waiting."""
-        return tuple((w, wk.distributor.phase, wk.distributor.version, len(wk.distributor.moved),
-                      len(wk.distributor.hold), len(wk.distributor.whitelist))
-                     for w, wk in sorted(self.workers.items()))
+        return tuple(
+            (
+                w,
+                wk.distributor.phase,
+                wk.distributor.version,
+                len(wk.distributor.moved),
+                len(wk.distributor.hold),
+                len(wk.distributor.whitelist),
+            )
+            for w, wk in sorted(self.workers.items())
+        )
 
     def _leave(self, w: int, deadline: float) -> None:
         """Stops leaving worker ``w`` once a marker from every other worker, sent behind

@@ -20,7 +20,11 @@ PROPERTY_TESTS = ["tests/circuits/test_operators.py", "tests/circuits/test_views
 def test_the_property_tests_pass_on_a_classic_session():
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PROPERTY_TESTS],
-        cwd=PROJECT, env={**os.environ, CLASSIC: "1"}, capture_output=True, text=True, timeout=1800,
+        cwd=PROJECT,
+        env={**os.environ, CLASSIC: "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
     assert " passed" in run.stdout.splitlines()[-1] and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-500:]

@@ -129,7 +129,9 @@ def run(spark, steps_records, workers, restart_at):
         for key, value, _ in messages(out[sink]):
             emitted[key].append(value)
         for stage, key, _, ord_, reason, w in out[DEAD_LETTERS]:
-            assert w == 1 and reason.startswith({"loop_2": "ValueError: five", "partition_1": "KeyError: 'eight"}[stage])
+            assert w == 1 and reason.startswith(
+                {"loop_2": "ValueError: five", "partition_1": "KeyError: 'eight"}[stage]
+            )
             dead.add((stage, key, tuple(ord_[1:4])))
     return dict(emitted), dead
 
@@ -200,7 +202,9 @@ def counts_of_words(log: KLog) -> None:
 )
 def test_every_message_of_a_fan_out_has_its_own_position(spark, build):
     runner = StepRunner(deploy(lambda: build(KLog.named("docs")), "fan_out"), spark, InMemoryStateStore())
-    out = runner.step({"docs": from_rows(spark, [('"doc1"', '"a a b"', 0, 0, None, 1)], RECORD_SCHEMA)}).collect_outputs()
+    out = runner.step(
+        {"docs": from_rows(spark, [('"doc1"', '"a a b"', 0, 0, None, 1)], RECORD_SCHEMA)}
+    ).collect_outputs()
     got = messages(out[next(k for k in out if k.startswith("sink"))])
     per_key = defaultdict(list)
     for key, value, _ in got:
@@ -245,6 +249,9 @@ def test_a_function_id_is_the_same_in_every_process():
         "print(function_id(words))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    runs = [subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True) for _ in range(3)]
+    runs = [
+        subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True)
+        for _ in range(3)
+    ]
     ids = {run.stdout for run in runs}
     assert len(ids) == 1, ids

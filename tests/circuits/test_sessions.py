@@ -19,8 +19,14 @@ print(spark.range(7).count(), spark.client._server_session_id)
 
 
 def _session_of_child(url: str) -> tuple[int, str]:
-    run = subprocess.run([sys.executable, "-c", CHILD, url], cwd=PROJECT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(PROJECT)})
+    run = subprocess.run(
+        [sys.executable, "-c", CHILD, url],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(PROJECT)},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     count, session = run.stdout.split()[-2:]
     return int(count), session

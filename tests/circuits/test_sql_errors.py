@@ -42,7 +42,9 @@ def test_other_statements_are_refused():
 
 
 def test_a_syntax_error_names_its_line():
-    message = refusal("CREATE MATERIALIZED VIEW a AS SELECT k FROM t;\n\nCREATE MATERIALIZED VIEW b AS SELECT (k FROM t;")
+    message = refusal(
+        "CREATE MATERIALIZED VIEW a AS SELECT k FROM t;\n\nCREATE MATERIALIZED VIEW b AS SELECT (k FROM t;"
+    )
     assert message.startswith("views.sql:3") and "syntax error" in message
 
 

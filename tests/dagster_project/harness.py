@@ -53,13 +53,22 @@ def project_settings(root: str, bootstrap: str, name: str, spark: dict | None = 
 
 class Harness:
     def __init__(
-        self, tmp_path, bootstrap: str, instance: DagsterInstance, create_topics: bool = True, name: str | None = None,
-        spark: dict | None = None, project: dict | None = None, **settings
+        self,
+        tmp_path,
+        bootstrap: str,
+        instance: DagsterInstance,
+        create_topics: bool = True,
+        name: str | None = None,
+        spark: dict | None = None,
+        project: dict | None = None,
+        **settings,
     ) -> None:
         """``project``: sections of ``dbsp.yaml`` besides the pipeline (``sources``, ``gateway``);
         ``settings``: the pipeline's."""
         self.name = name or f"p{uuid.uuid4().hex[:8]}"
-        self.settings = project_settings(str(tmp_path / "store"), bootstrap, self.name, spark, **settings) | (project or {})
+        self.settings = project_settings(str(tmp_path / "store"), bootstrap, self.name, spark, **settings) | (
+            project or {}
+        )
         self.project = parse_project(self.settings, "test")
         self.spec = self.project.pipelines[0]
         self.defs = build_definitions(self.project)
@@ -160,7 +169,9 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 @contextlib.contextmanager
-def dagster_dev(tmp_path, bootstrap: str, name: str, spark: dict | None = None, **settings) -> Iterator[tuple[int, object]]:
+def dagster_dev(
+    tmp_path, bootstrap: str, name: str, spark: dict | None = None, **settings
+) -> Iterator[tuple[int, object]]:
     """``dagster dev`` (webserver, daemon, code server) serving one pipeline ``name`` with the
     Dagster home ``dbsp`` writes, until the block ends; yields (port, Dagster home).
 
@@ -178,8 +189,21 @@ def dagster_dev(tmp_path, bootstrap: str, name: str, spark: dict | None = None, 
     env = {**os.environ, "DAGSTER_HOME": str(home), "DBSP_CONFIG": str(config), "DBSP_HOME": str(tmp_path)}
     log = open(tmp_path / "webserver.log", "wb")
     server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "dagster"), "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True,
+        [
+            os.path.join(os.path.dirname(sys.executable), "dagster"),
+            "dev",
+            "-m",
+            LOCATION,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        start_new_session=True,
     )
 
     def loaded():

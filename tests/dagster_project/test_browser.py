@@ -60,7 +60,9 @@ def test_backfill_of_two_steps_launched_from_the_asset_page(spark_resource, brok
     wait = WebDriverWait(driver, WAIT)
 
     def element(xpath: str, within=None):
-        return wait.until(lambda _: next((e for e in (within or driver).find_elements(By.XPATH, xpath) if e.is_displayed()), None))
+        return wait.until(
+            lambda _: next((e for e in (within or driver).find_elements(By.XPATH, xpath) if e.is_displayed()), None)
+        )
 
     def click(xpath: str, within=None) -> None:
         wait.until(shown.element_to_be_clickable(element(xpath, within))).click()
@@ -98,7 +100,9 @@ def test_backfill_of_two_steps_launched_from_the_asset_page(spark_resource, brok
         backfills = instance.get_backfills()
         assert len(backfills) == 1, backfills
         runs = wait_for(
-            lambda: instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS])), 30, "the backfill's run to succeed"
+            lambda: instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS])),
+            30,
+            "the backfill's run to succeed",
         )
         assert [r.run_id for r in instance.get_runs()] == [runs[0].run_id]  # one run for both steps
         assert runs[0].tags["dagster/backfill"] == backfills[0].backfill_id
@@ -110,9 +114,14 @@ def test_backfill_of_two_steps_launched_from_the_asset_page(spark_resource, brok
         driver.get(f"http://127.0.0.1:{port}/assets/{NAME}/q4?view=partitions")
         click(f"//*[normalize-space(text())='{STEPS[-1]}']")
         preview = element("//tr[td[normalize-space(.)='view_preview']]//table")
-        view = DeltaTable(str(tmp_path / "store" / NAME / "views" / "q4")).to_pandas()  # a row per category: under the preview's 10
+        view = DeltaTable(
+            str(tmp_path / "store" / NAME / "views" / "q4")
+        ).to_pandas()  # a row per category: under the preview's 10
         assert [th.text for th in preview.find_elements(By.TAG_NAME, "th")] == list(view.columns)
-        shown_rows = {tuple(td.text for td in tr.find_elements(By.TAG_NAME, "td")) for tr in preview.find_elements(By.XPATH, ".//tbody/tr")}
+        shown_rows = {
+            tuple(td.text for td in tr.find_elements(By.TAG_NAME, "td"))
+            for tr in preview.find_elements(By.XPATH, ".//tbody/tr")
+        }
         assert shown_rows == {tuple(str(v) for v in row) for row in view.itertuples(index=False)}
         assert element("//tr[td[normalize-space(.)='view_rows']]/td[2]").text == str(len(view))
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", preview)

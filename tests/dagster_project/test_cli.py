@@ -35,11 +35,15 @@ def demo_config(tmp_path, spark_resource: dict, name: str) -> Path:
     """The built-in demo pipeline on an embedded broker of its own (a free port, stopped
     by :func:`stop_daemons`) and the test session's Spark."""
     settings = {
-        "pipelines": [{
-            "name": name, "circuit": "circuits.library.nexmark_queries:nexmark_circuit",
-            "sources": {h: f"{name}.{h}" for h in ("persons", "auctions", "bids")},
-            "sinks": ["bids_by_category", "q3", "q4", "q15"], "producer": "circuits.library.nexmark:nexmark_records",
-        }],
+        "pipelines": [
+            {
+                "name": name,
+                "circuit": "circuits.library.nexmark_queries:nexmark_circuit",
+                "sources": {h: f"{name}.{h}" for h in ("persons", "auctions", "bids")},
+                "sinks": ["bids_by_category", "q3", "q4", "q15"],
+                "producer": "circuits.library.nexmark:nexmark_records",
+            }
+        ],
         "resources": {"kafka": {"embedded_port": free_port()}, "spark": spark_resource},
     }
     path = tmp_path / "dbsp.yaml"
@@ -66,13 +70,16 @@ def test_the_installed_command_runs_without_an_activated_venv(tmp_path, demo_env
     assert helped.returncode == 0, helped.stderr
     assert "demo" in helped.stdout and "dev" in helped.stdout
     # dbsp dev starts Dagster from dbsp's own interpreter, not a `dagster` looked up on PATH.
-    dev_help = subprocess.run([DBSP, "dev", "--help"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    dev_help = subprocess.run(
+        [DBSP, "dev", "--help"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert dev_help.returncode == 0, dev_help.stderr
     assert "dagster dev [OPTIONS]" in dev_help.stdout
 
     config = demo_config(tmp_path, {}, "bare")
-    status = subprocess.run([DBSP, "--config", str(config), "status"], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
+    status = subprocess.run(
+        [DBSP, "--config", str(config), "status"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith("pipeline bare\ncommitted through step -1 (next step 0)")
 
@@ -100,8 +107,12 @@ def run_in_terminal(command: list[str], env: dict, cwd, timeout: float) -> tuple
 
 def test_the_demo_shows_progress_a_line_per_step_and_logs_the_rest(tmp_path, demo_env, spark_resource):
     config = demo_config(tmp_path, spark_resource, "demo")
-    code, output = run_in_terminal([DBSP, "--config", str(config), "demo", "--steps", "2", "--events-per-step", "300"],
-                                   demo_env, tmp_path, timeout=600)
+    code, output = run_in_terminal(
+        [DBSP, "--config", str(config), "demo", "--steps", "2", "--events-per-step", "300"],
+        demo_env,
+        tmp_path,
+        timeout=600,
+    )
     assert code == 0, output[-3000:]
     # What stays on the screen: the live line is redrawn in place (carriage returns,
     # erase-line codes) and erased at the end.
@@ -130,11 +141,19 @@ def test_the_demo_shows_progress_a_line_per_step_and_logs_the_rest(tmp_path, dem
 
 def test_the_demo_prints_plain_lines_when_not_on_a_terminal(tmp_path, demo_env, spark_resource):
     config = demo_config(tmp_path, spark_resource, "plain")
-    done = subprocess.run([DBSP, "--config", str(config), "demo", "--steps", "1", "--events-per-step", "100"],
-                          env=demo_env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [DBSP, "--config", str(config), "demo", "--steps", "1", "--events-per-step", "100"],
+        env=demo_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "\x1b" not in done.stdout and "\r" not in done.stdout and done.stderr == ""
-    assert [line for line in done.stdout.splitlines() if line.startswith("step ")][0].startswith("step 0: events 0..100")
+    assert [line for line in done.stdout.splitlines() if line.startswith("step ")][0].startswith(
+        "step 0: events 0..100"
+    )
 
 
 VIEWS = """\
@@ -150,8 +169,14 @@ def test_the_demo_runs_the_views_of_a_sql_file_and_checks_each(tmp_path, demo_en
     (tmp_path / "mine.sql").write_text(VIEWS)
     # This tree's CLI (the installed `dbsp` may be another checkout's).
     command = [sys.executable, "-m", "dagster_project.cli", "--config", str(config), "demo", "--sql", "mine.sql"]
-    done = subprocess.run([*command, "--steps", "2", "--events-per-step", "200"], env={**demo_env, "PYTHONPATH": str(PROJECT)},
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*command, "--steps", "2", "--events-per-step", "200"],
+        env={**demo_env, "PYTHONPATH": str(PROJECT)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert [line for line in lines if " equals Spark batch SQL: " in line] == [
@@ -162,9 +187,21 @@ def test_the_demo_runs_the_views_of_a_sql_file_and_checks_each(tmp_path, demo_en
 def test_a_sql_file_spark_cannot_analyse_fails_the_demo_before_anything_is_written(tmp_path, demo_env, spark_resource):
     config = demo_config(tmp_path, spark_resource, "badsql")
     (tmp_path / "bad.sql").write_text(VIEWS.replace("sum(price)", "sum(prize)"))
-    command = [sys.executable, "-m", "dagster_project.cli", "--config", str(config), "demo", "--sql", "bad.sql", "--steps", "1"]
-    done = subprocess.run(command, env={**demo_env, "PYTHONPATH": str(PROJECT)}, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+    command = [
+        sys.executable,
+        "-m",
+        "dagster_project.cli",
+        "--config",
+        str(config),
+        "demo",
+        "--sql",
+        "bad.sql",
+        "--steps",
+        "1",
+    ]
+    done = subprocess.run(
+        command, env={**demo_env, "PYTHONPATH": str(PROJECT)}, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "bad.sql:2, view 'revenue'" in done.stdout and "prize" in done.stdout, done.stdout
     assert not (tmp_path / "dbsp" / "pipelines" / "badsql").exists()
@@ -187,7 +224,7 @@ def session_processes(sid: int) -> list[tuple[int, str]]:
             cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[3]) == sid and fields[0] != "Z":
             found.append((int(name), cmdline[:120]))
     return found
@@ -209,8 +246,14 @@ def test_ctrl_c_stops_dbsp_dev_and_everything_it_started_within_10_s(tmp_path):
     config, port = dev_config(tmp_path), free_port()
     env = minimal_env(tmp_path, DBSP_CONFIG=str(config))
     log = open(tmp_path / "dev.log", "w+")
-    dev = subprocess.Popen([DBSP, "dev", "-h", "127.0.0.1", "-p", str(port)], env=env, cwd=tmp_path, stdout=log,
-                           stderr=subprocess.STDOUT, start_new_session=True)  # its own group, as a terminal's job
+    dev = subprocess.Popen(
+        [DBSP, "dev", "-h", "127.0.0.1", "-p", str(port)],
+        env=env,
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # its own group, as a terminal's job
     try:
         deadline = time.monotonic() + 180
         while not served(port):
@@ -245,12 +288,24 @@ def test_dbsp_dev_on_a_port_in_use_says_so_once(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         started = time.monotonic()
-        done = subprocess.run([DBSP, "dev", "-p", str(port)], env=minimal_env(tmp_path), cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [DBSP, "dev", "-p", str(port)],
+            env=minimal_env(tmp_path),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         seconds = time.monotonic() - started
         # Asking for help is not serving: dagster dev's help, whatever the port.
-        helped = subprocess.run([DBSP, "dev", "-p", str(port), "--help"], env=minimal_env(tmp_path, PYTHONPATH=str(PROJECT)),
-                                cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        helped = subprocess.run(
+            [DBSP, "dev", "-p", str(port), "--help"],
+            env=minimal_env(tmp_path, PYTHONPATH=str(PROJECT)),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert done.returncode == 2
     assert done.stderr.count("address already in use") == 1 and "Traceback" not in done.stderr, done.stderr
     assert f"127.0.0.1:{port}" in done.stderr and seconds < 30
@@ -259,8 +314,9 @@ def test_dbsp_dev_on_a_port_in_use_says_so_once(tmp_path):
 
 def served_jobs(port: int) -> set[str]:
     query = {"query": "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }"}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", json.dumps(query).encode(),
-                                     {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql", json.dumps(query).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as answer:
         nodes = json.load(answer)["data"]["repositoriesOrError"]["nodes"]
     return {job["name"] for node in nodes for job in node["jobs"]}
@@ -280,8 +336,14 @@ def test_dbsp_dev_serves_the_configuration_given_with_config(tmp_path):
     # The tree under test, not the one the venv's dbsp script was installed from.
     env = minimal_env(tmp_path, PYTHONPATH=str(PROJECT))
     with open(tmp_path / "dev.log", "w") as log:
-        dev = subprocess.Popen([DBSP, "--config", str(given), "dev", "-h", "127.0.0.1", "-p", str(port)], env=env,
-                               cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        dev = subprocess.Popen(
+            [DBSP, "--config", str(given), "dev", "-h", "127.0.0.1", "-p", str(port)],
+            env=env,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 180
         while not served(port):

@@ -33,10 +33,16 @@ def test_default_code_location_serves_the_demo_pipeline(spark):
         ({"sources": {"clicks": "t"}}, ["sources", "give a topic for", "bids"]),
         ({"sinks": ["q9"]}, ["sinks", "q9", "not outputs of the circuit"]),
         ({"bags": ["q9"]}, ["bags", "not sinks"]),
-        ({"sinks": [{"name": "bids_by_category", "current": "maybe"}]}, ["pipelines.0.sinks.0.current", "valid boolean", "views/<sink>"]),
+        (
+            {"sinks": [{"name": "bids_by_category", "current": "maybe"}]},
+            ["pipelines.0.sinks.0.current", "valid boolean", "views/<sink>"],
+        ),
         ({"name": "Bad-Name"}, ["pipelines.0.name", "identifier"]),
         ({"workerz": 3}, ["pipelines.0.workerz", "xtra", "did you mean 'workers'?"]),
-        ({"sinks": [{"name": "bids_by_category", "curent": False}]}, ["pipelines.0.sinks.0.curent", "did you mean 'current'?"]),
+        (
+            {"sinks": [{"name": "bids_by_category", "curent": False}]},
+            ["pipelines.0.sinks.0.curent", "did you mean 'current'?"],
+        ),
     ],
 )
 def test_a_bad_pipeline_setting_is_named_with_its_fix(spark, change, named):
@@ -51,11 +57,17 @@ def test_a_bad_pipeline_setting_is_named_with_its_fix(spark, change, named):
 @pytest.mark.parametrize(
     "resources, named",
     [
-        ({"kafka": {"embedded_port": "x"}}, ["resources.kafka.embedded_port", "(expected: port of the embedded broker)"]),
+        (
+            {"kafka": {"embedded_port": "x"}},
+            ["resources.kafka.embedded_port", "(expected: port of the embedded broker)"],
+        ),
         ({"store": {"root": "s3://bucket/pipelines"}}, ["resources.store.root", "mount"]),
         # Misspelled, each would fall back to its default (another user's port, say).
         ({"spark": {"embeded_port": 15202}}, ["resources.spark.embeded_port", "did you mean 'embedded_port'?"]),
-        ({"kafka": {"bootstrap_server": "k:9092"}}, ["resources.kafka.bootstrap_server", "did you mean 'bootstrap_servers'?"]),
+        (
+            {"kafka": {"bootstrap_server": "k:9092"}},
+            ["resources.kafka.bootstrap_server", "did you mean 'bootstrap_servers'?"],
+        ),
         ({"store": {"rot": "/data"}}, ["resources.store.rot", "did you mean 'root'?"]),
         ({"sprak": {}}, ["resources.sprak", "did you mean 'spark'?"]),
     ],
@@ -95,8 +107,14 @@ assert SparkContext._active_spark_context is None
 
 
 def test_an_unknown_sink_fails_when_the_configuration_loads_without_spark():
-    done = subprocess.run([sys.executable, "-c", UNKNOWN_SINK], capture_output=True, text=True, timeout=120,
-                          cwd=PROJECT, env={**os.environ, "PYTHONPATH": str(PROJECT)})
+    done = subprocess.run(
+        [sys.executable, "-c", UNKNOWN_SINK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=PROJECT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT)},
+    )
     assert done.returncode == 0, done.stderr
     assert "sinks: ['totalz'] are not outputs of the circuit; its outputs are ['totals']" in done.stdout, done.stdout
 
@@ -113,8 +131,14 @@ def test_the_example_configuration_is_valid(spark):
 @pytest.mark.parametrize(
     "change, named",
     [
-        ({"sources": [{"kind": "files", "name": "in", "topic": "nope", "directory": "/d"}]}, ["sources.0.topic", "no pipeline's input topic", "good.bids"]),
-        ({"sources": [{"kind": "udp", "name": "in", "topic": "good.bids"}]}, ["sources.0", "'udp'", "'files', 'tcp', 'http', 'generator'"]),
+        (
+            {"sources": [{"kind": "files", "name": "in", "topic": "nope", "directory": "/d"}]},
+            ["sources.0.topic", "no pipeline's input topic", "good.bids"],
+        ),
+        (
+            {"sources": [{"kind": "udp", "name": "in", "topic": "good.bids"}]},
+            ["sources.0", "'udp'", "'files', 'tcp', 'http', 'generator'"],
+        ),
         ({"sources": [{"kind": "tcp", "name": "in", "topic": "good.bids"}]}, ["sources.0.tcp.port", "Field required"]),
         ({"gateway": {"buffers": 1}}, ["gateway.buffers", "greater than 1"]),
     ],

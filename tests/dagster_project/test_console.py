@@ -28,7 +28,9 @@ WRITERS = ("from print", "from logging", "from fd 2", "from a child", "from its 
 
 
 def run_script(path: str, mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SCRIPT, path, mode], capture_output=True, text=True, timeout=60, check=True)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, path, mode], capture_output=True, text=True, timeout=60, check=True
+    )
 
 
 def test_everything_but_the_progress_goes_to_the_log(tmp_path):
@@ -62,7 +64,6 @@ def test_off_a_terminal_progress_prints_plain_lines_only():
             progress.update("still starting")
             progress.line("step 0: events 0..10 [in brackets]")
     assert stream.getvalue() == "step 0: events 0..10 [in brackets]\n"
-
 
 
 LATE = """

@@ -34,7 +34,9 @@ def failed_report(the_op) -> StepReport:
 
 def test_a_failed_step_line_names_the_projects_error_not_dagsters_wrapper():
     line = failed_report(times_out).line()
-    assert line == "step 3 FAILED after 1.0 s: step 3's input was not persisted within 60 s\n  second line\n  third", line
+    assert line == "step 3 FAILED after 1.0 s: step 3's input was not persisted within 60 s\n  second line\n  third", (
+        line
+    )
 
 
 def test_a_failed_step_line_names_another_error_with_its_type():
@@ -50,7 +52,10 @@ def test_each_step_has_its_own_events_after_a_recovery(tmp_path):
 
 
 def test_a_failed_demo_stops_without_checking_q4_and_says_where_the_trace_is():
-    steps = [StepReport(0, (0, 10), True, 1.0, checks=2, checks_passed=2), StepReport(1, (10, 20), False, 1.0, error="x")]
+    steps = [
+        StepReport(0, (0, 10), True, 1.0, checks=2, checks_passed=2),
+        StepReport(1, (10, 20), False, 1.0, error="x"),
+    ]
     lines = _demo_summary(DemoResult(steps, Counter(), None, "dead letters (...): 0"), "", "/logs/demo.log")
     assert "dbsp demo stopped after step 1 failed; its full trace is in the log below" in lines
     assert not any("q4" in line for line in lines), lines

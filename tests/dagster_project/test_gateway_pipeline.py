@@ -63,10 +63,25 @@ class GatewayProcess:
     def start(self) -> None:
         env = {**os.environ, "DBSP_HOME": self.home}
         with open(self.log, "a") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "dagster_project.cli", "--config", self.config, "gateway",
-                                             "--report-every", "1"], env=env, stdout=out, stderr=subprocess.STDOUT)
-        wait_until(lambda: running_url(os.path.join(self.home, "gateway")) is not None or self.process.poll() is not None,
-                   "the gateway to start")
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dagster_project.cli",
+                    "--config",
+                    self.config,
+                    "gateway",
+                    "--report-every",
+                    "1",
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until(
+            lambda: running_url(os.path.join(self.home, "gateway")) is not None or self.process.poll() is not None,
+            "the gateway to start",
+        )
         assert self.process.poll() is None, open(self.log).read()
 
     def status(self) -> dict:
@@ -113,14 +128,14 @@ def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kil
         h.send(handle, [json.dumps(r).encode() for r in records[handle]])
         h.produced[handle] += records[handle]
     bids = records["bids"]
-    by_device, by_file = bids[: len(bids) // 3], bids[len(bids) // 3:]
+    by_device, by_file = bids[: len(bids) // 3], bids[len(bids) // 3 :]
 
     # 1,000 devices, each a TCP connection sending its bids in pieces that split records.
     sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(DEVICES)]
     for i, device in enumerate(sockets):
         data = lines(by_device[i::DEVICES])
         for start in range(0, len(data), 100):
-            device.sendall(data[start:start + 100])
+            device.sendall(data[start : start + 100])
     for device in sockets:
         device.close()
     h.produced["bids"] += by_device
@@ -151,13 +166,21 @@ def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kil
             assert runs[-1].success
 
     sizes = {str(p): p.stat().st_size for p in paths}
-    behind = lambda: {p: (gateway.status()["sources"].get(p), n) for p, n in sizes.items()
-                      if gateway.status()["sources"].get(p, {}).get("acked") != n}
+    behind = lambda: {
+        p: (gateway.status()["sources"].get(p), n)
+        for p, n in sizes.items()
+        if gateway.status()["sources"].get(p, {}).get("acked") != n
+    }
     wait_until(lambda: not behind(), lambda: f"every file's bytes to be acknowledged: {list(behind().items())[:3]}")
     figures = gateway.status()
     assert figures["pool"]["in_use"] <= figures["pool"]["buffers"]
-    shown = subprocess.run([sys.executable, "-m", "dagster_project.cli", "--config", str(config), "gateway", "status"],
-                           env={**os.environ, "DBSP_HOME": home}, capture_output=True, text=True, timeout=60)
+    shown = subprocess.run(
+        [sys.executable, "-m", "dagster_project.cli", "--config", str(config), "gateway", "status"],
+        env={**os.environ, "DBSP_HOME": home},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0 and f"gateway pid {gateway.process.pid}" in shown.stdout, shown.stderr
     assert "waits" in shown.stdout and "sensor-" in shown.stdout
     gateway.stop()
@@ -189,18 +212,26 @@ def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, b
     Definitions.validate_loadable(defs)  # as a code location loads it: op and job names unique
     job = defs.resolve_job_def("gateway_rescale")
     with instance_for_test() as instance:
-        missing = job.execute_in_process(run_config={"ops": {"rescale_gateway": {"config": {"workers": 2}}}},
-                                         instance=instance, raise_on_error=False)
+        missing = job.execute_in_process(
+            run_config={"ops": {"rescale_gateway": {"config": {"workers": 2}}}}, instance=instance, raise_on_error=False
+        )
         assert not missing.success  # no gateway runs: the error says how to start one
         assert "start one with: dbsp gateway" in str(missing.get_step_failure_events()[0].event_specific_data.error)
         ensure = KafkaClient(broker.bootstrap)
         ensure.create_topics({"gw.bids": 1})
-        gateway = Gateway(GatewaySpec(buffers=16, buffer_size=256), [FilesSpec(**settings["sources"][0])],
-                          broker.bootstrap, local_producer_config(), str(tmp_path / "home" / "gateway"), timeout=10)
+        gateway = Gateway(
+            GatewaySpec(buffers=16, buffer_size=256),
+            [FilesSpec(**settings["sources"][0])],
+            broker.bootstrap,
+            local_producer_config(),
+            str(tmp_path / "home" / "gateway"),
+            timeout=10,
+        )
         gateway.start()
         try:
-            run = job.execute_in_process(run_config={"ops": {"rescale_gateway": {"config": {"workers": 2}}}},
-                                         instance=instance)
+            run = job.execute_in_process(
+                run_config={"ops": {"rescale_gateway": {"config": {"workers": 2}}}}, instance=instance
+            )
             assert run.success
             assert [w["phase"] for w in gateway.status()["workers"]] == ["steady", "steady"]
         finally:
@@ -219,12 +250,26 @@ def test_a_gateway_killed_before_its_first_flush_leaves_every_line_once_and_in_o
     landing = tmp_path / "landing"
     landing.mkdir()
     name = "killed"
-    sources = [{"kind": "files", "name": "files", "topic": f"{name}.bids", "directory": str(landing), "pattern": "*.jsonl"}]
-    h = Harness(tmp_path, broker.bootstrap, instance, name=name, spark=spark_resource, project={
-        "sources": sources,
-        # No cursor commit before the kill: only the broker knows what was delivered.
-        "gateway": {"buffers": 64, "buffer_size": 1024, "cursor_commit_seconds": 3600, "cursor_commit_bytes": 1 << 40},
-    })
+    sources = [
+        {"kind": "files", "name": "files", "topic": f"{name}.bids", "directory": str(landing), "pattern": "*.jsonl"}
+    ]
+    h = Harness(
+        tmp_path,
+        broker.bootstrap,
+        instance,
+        name=name,
+        spark=spark_resource,
+        project={
+            "sources": sources,
+            # No cursor commit before the kill: only the broker knows what was delivered.
+            "gateway": {
+                "buffers": 64,
+                "buffer_size": 1024,
+                "cursor_commit_seconds": 3600,
+                "cursor_commit_bytes": 1 << 40,
+            },
+        },
+    )
     h.settings["resources"]["kafka"]["config"] = {k: str(v) for k, v in local_producer_config().items()}
     config = tmp_path / "dbsp.yaml"
     config.write_text(yaml.safe_dump(h.settings))
@@ -235,8 +280,10 @@ def test_a_gateway_killed_before_its_first_flush_leaves_every_line_once_and_in_o
 
     def append(lines: int) -> None:
         for i, path in enumerate(paths):
-            bids = [{"auction": i, "bidder": n, "price": n, "channel": "c", "date_time": n}
-                    for n in range(written[i], written[i] + lines)]
+            bids = [
+                {"auction": i, "bidder": n, "price": n, "channel": "c", "date_time": n}
+                for n in range(written[i], written[i] + lines)
+            ]
             with open(path, "ab") as f:
                 f.write(b"".join(json.dumps(b).encode() + b"\n" for b in bids))
             written[i] += lines
@@ -269,7 +316,9 @@ def test_a_gateway_killed_before_its_first_flush_leaves_every_line_once_and_in_o
     gateway.stop()
 
     at = status(h.root)
-    rows = read_steps(spark, h.pipeline(spark).inputs.uri("bids"), 0, at.committed_step).select("auction", "bidder", "_step")
+    rows = read_steps(spark, h.pipeline(spark).inputs.uri("bids"), 0, at.committed_step).select(
+        "auction", "bidder", "_step"
+    )
     steps: dict[int, list[tuple[int, int]]] = {}
     for r in rows.collect():
         steps.setdefault(r.auction, []).append((r.bidder, r._step))

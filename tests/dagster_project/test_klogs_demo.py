@@ -30,8 +30,14 @@ SEED_LINES = [
 def settings(tmp_path, monkeypatch, spark, spark_resource, broker) -> dict:
     monkeypatch.setenv("DBSP_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home" / "dagster"))
-    return {"pipelines": [], "resources": {"spark": spark_resource, "kafka": {"bootstrap_servers": broker.bootstrap},
-                                           "store": {"root": str(tmp_path / "store")}}}
+    return {
+        "pipelines": [],
+        "resources": {
+            "spark": spark_resource,
+            "kafka": {"bootstrap_servers": broker.bootstrap},
+            "store": {"root": str(tmp_path / "store")},
+        },
+    }
 
 
 @pytest.mark.parametrize("one_step", [True, False], ids=["one step", "a step per message"])

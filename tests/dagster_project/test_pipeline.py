@@ -23,7 +23,11 @@ def instance():
 
 def versions(root: str) -> dict[str, int]:
     """The Delta version of every data table under ``root`` (the lease records who ran, not data)."""
-    return {os.path.relpath(uri, root): open_table(uri).version() for uri in delta_tables(root) if not uri.endswith("_lease")}
+    return {
+        os.path.relpath(uri, root): open_table(uri).version()
+        for uri in delta_tables(root)
+        if not uri.endswith("_lease")
+    }
 
 
 def test_steps_from_kafka_through_dagster_equal_recomputation(spark_resource, spark, broker, tmp_path, instance):
@@ -51,7 +55,9 @@ def test_steps_from_kafka_through_dagster_equal_recomputation(spark_resource, sp
     assert set(instance.get_dynamic_partitions(f"{h.name}_steps")) == {f"{s:010d}" for s in range(3)}
 
 
-def test_backfill_is_one_run_reruns_change_nothing_and_gaps_are_named(spark_resource, spark, broker, tmp_path, instance):
+def test_backfill_is_one_run_reruns_change_nothing_and_gaps_are_named(
+    spark_resource, spark, broker, tmp_path, instance
+):
     h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource)
     for _ in range(4):
         h.produce(100)
@@ -79,7 +85,12 @@ def test_backfill_is_one_run_reruns_change_nothing_and_gaps_are_named(spark_reso
 def test_malformed_records_go_to_the_dead_letter_table(spark_resource, spark, broker, tmp_path, instance):
     h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource, topic_partitions=1)
     h.produce(200)
-    bad = [b"not json", b'{"auction": 1}', b'{"auction": "x", "bidder": 1, "price": 2, "channel": "c", "date_time": 3}', b"\xff\xfe"]
+    bad = [
+        b"not json",
+        b'{"auction": 1}',
+        b'{"auction": "x", "bidder": 1, "price": 2, "channel": "c", "date_time": 3}',
+        b"\xff\xfe",
+    ]
     h.send("bids", bad)
     h.produce(100)
     assert h.tick().run_requests
@@ -110,7 +121,9 @@ def test_the_rescale_asset_moves_one_share_and_steps_go_on(spark_resource, spark
     h.tick()
     assert h.run(0).success
     job = h.defs.resolve_job_def(f"{h.name}_rescale")
-    result = job.execute_in_process(instance=instance, run_config={"ops": {f"{h.name}__layout": {"config": {"workers": 5}}}})
+    result = job.execute_in_process(
+        instance=instance, run_config={"ops": {f"{h.name}__layout": {"config": {"workers": 5}}}}
+    )
     assert result.success
     metadata = result.get_asset_materialization_events()[0].materialization.metadata
     assert metadata["workers"].value == 5 and 0 < metadata["fraction_moved"].value <= 1 / 5 + 1 / 256

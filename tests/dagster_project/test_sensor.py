@@ -40,7 +40,13 @@ def tick(h: Harness, cursor: str | None, requested: set[str], crash: bool) -> st
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(actions=st.lists(ACTIONS, min_size=1, max_size=14), cap=st.integers(1, 40))
 def test_every_offset_is_in_exactly_one_step(broker, spark_resource, tmp_path_factory, actions, cap):
-    h = Harness(tmp_path_factory.mktemp("sensor"), broker.bootstrap, DagsterInstance.ephemeral(), spark=spark_resource, max_records_per_step=cap)
+    h = Harness(
+        tmp_path_factory.mktemp("sensor"),
+        broker.bootstrap,
+        DagsterInstance.ephemeral(),
+        spark=spark_resource,
+        max_records_per_step=cap,
+    )
     produced, requested, cursor = Counter(), set(), None
     for action in actions:
         if action[0] == "produce":

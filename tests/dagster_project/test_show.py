@@ -46,7 +46,9 @@ def stores(spark, spark_resource, tmp_path_factory):
         for step, rows in enumerate(STEPS):
             inputs = {name: from_rows(spark, r, WORDS_SCHEMA) for name, r in rows.items()}
             # A record of step 0 that could not be decoded (persisted with the input, as a step's read does).
-            pipeline.inputs.persist(step, inputs, spark.createDataFrame([DEAD] if step == 0 else [], DEAD_LETTER_SCHEMA))
+            pipeline.inputs.persist(
+                step, inputs, spark.createDataFrame([DEAD] if step == 0 else [], DEAD_LETTER_SCHEMA)
+            )
             pipeline.submit(step, inputs, [Range("words", 0, step, step + 1)])
             pipeline.run(through=step)
     return str(path), resources["store"]

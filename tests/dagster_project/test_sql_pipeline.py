@@ -67,12 +67,36 @@ def test_the_built_in_demo_pipeline_is_the_nexmark_sql_file(monkeypatch, tmp_pat
     "text, change, named",
     [
         (VIEWS, {"circuit": "circuits.library.nexmark_queries:revenue_circuit"}, ["circuit, sql: give exactly one"]),
-        (VIEWS.replace("FROM priced GROUP", "FROM priced GRUP BY"), {}, ["pipelines.0.sql", "views.sql:5", "syntax error"]),
-        (VIEWS.replace("FROM revenue WHERE", "FROM revenu WHERE"), {}, ["views.sql:9, view 'busy'", "['revenu']", "sources are"]),
-        (VIEWS + "CREATE MATERIALIZED VIEW busy AS SELECT 1 AS x FROM bids;\n", {}, ["views.sql:14, view 'busy'", "a second view"]),
-        (VIEWS.replace("FROM priced GROUP", "FROM busy GROUP"), {}, ["view 'revenue'", "cycle (revenue -> busy -> revenue)"]),
-        (VIEWS.replace("GROUP BY p.state", "GROUP BY p.state ORDER BY 2 LIMIT 3"), {}, ["views.sql:13, view 'sellers'", "LIMIT"]),
-        (VIEWS, {"schemas": {"bids": "auction BIGINT, price"}}, ["pipelines.0.schemas", "bids: 'auction BIGINT, price'", "'price' has no type"]),
+        (
+            VIEWS.replace("FROM priced GROUP", "FROM priced GRUP BY"),
+            {},
+            ["pipelines.0.sql", "views.sql:5", "syntax error"],
+        ),
+        (
+            VIEWS.replace("FROM revenue WHERE", "FROM revenu WHERE"),
+            {},
+            ["views.sql:9, view 'busy'", "['revenu']", "sources are"],
+        ),
+        (
+            VIEWS + "CREATE MATERIALIZED VIEW busy AS SELECT 1 AS x FROM bids;\n",
+            {},
+            ["views.sql:14, view 'busy'", "a second view"],
+        ),
+        (
+            VIEWS.replace("FROM priced GROUP", "FROM busy GROUP"),
+            {},
+            ["view 'revenue'", "cycle (revenue -> busy -> revenue)"],
+        ),
+        (
+            VIEWS.replace("GROUP BY p.state", "GROUP BY p.state ORDER BY 2 LIMIT 3"),
+            {},
+            ["views.sql:13, view 'sellers'", "LIMIT"],
+        ),
+        (
+            VIEWS,
+            {"schemas": {"bids": "auction BIGINT, price"}},
+            ["pipelines.0.schemas", "bids: 'auction BIGINT, price'", "'price' has no type"],
+        ),
         (VIEWS, {"producer": None}, ["schemas: give the Spark DDL schema of ['auctions', 'bids', 'persons']"]),
         (VIEWS, {"sources": {"bids": "t.bids", "auctions": "t.auctions"}}, ["view 'sellers'", "['persons']"]),
     ],
@@ -115,10 +139,20 @@ def produced(spark, h: Harness) -> dict:
     return tables
 
 
-def test_a_sql_pipeline_through_dagster_equals_spark_batch_sql_with_lineage(spark_resource, spark, broker, tmp_path, instance):
+def test_a_sql_pipeline_through_dagster_equals_spark_batch_sql_with_lineage(
+    spark_resource, spark, broker, tmp_path, instance
+):
     (tmp_path / "views.sql").write_text(VIEWS)
-    h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource, circuit=None, sql=str(tmp_path / "views.sql"),
-                sinks=[], producer="circuits.library.nexmark:nexmark_records")
+    h = Harness(
+        tmp_path,
+        broker.bootstrap,
+        instance,
+        spark=spark_resource,
+        circuit=None,
+        sql=str(tmp_path / "views.sql"),
+        sinks=[],
+        producer="circuits.library.nexmark:nexmark_records",
+    )
     graph = h.defs.resolve_asset_graph()
     key = {name: AssetKey([h.name, name]) for name in ("revenue", "busy", "sellers")}
     assert graph.get(key["busy"]).parent_keys == {key["revenue"]}

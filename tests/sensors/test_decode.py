@@ -24,7 +24,9 @@ NOT_UTF8 = "undecodable value: not UTF-8 JSON ('utf-8' codec can't decode byte 0
 
 
 def bid(i: int, **extra) -> bytes:
-    return json.dumps({"auction": i, "bidder": 7, "price": 10 * i, "channel": f"c{i}", "date_time": 1000 + i, **extra}).encode()
+    return json.dumps(
+        {"auction": i, "bidder": 7, "price": 10 * i, "channel": f"c{i}", "date_time": 1000 + i, **extra}
+    ).encode()
 
 
 def rows(df) -> set[tuple]:
@@ -42,7 +44,9 @@ def test_exactly_the_ranges_are_read_typed_and_weighted(spark, broker, client, n
         tasks = decoded.raw.select(F.spark_partition_id().alias("task"), "partition").distinct().collect()
         assert len({t.task for t in tasks}) == 3  # [1, 4) and [4, 5) of partition 0, [0, 3) of partition 1
         bids = decoded.inputs[topic]
-        assert bids.dtypes == [(f.name, f.dataType.simpleString()) for f in with_weight_schema(parse_schema(BIDS)).fields]
+        assert bids.dtypes == [
+            (f.name, f.dataType.simpleString()) for f in with_weight_schema(parse_schema(BIDS)).fields
+        ]
         expected = {(i, 7, 10 * i, f"c{i}", 1000 + i, 1) for i in range(1, 5)}
         expected |= {(100, 7, 1000, "c100", 1100, 1), (101, 7, 1010, "c101", 1101, -1), (102, 7, 1020, "c102", 1102, 3)}
         assert rows(bids) == expected
@@ -64,7 +68,10 @@ def test_malformed_records_become_dead_letters_and_no_valid_record_is_lost(spark
     ]
     client.produce(topic, values, partition=0)
     client.produce(other, [json.dumps({"word": "a", "n": 1}).encode(), json.dumps({"word": 1, "n": 1}).encode()])
-    schemas = {topic: BIDS, other: T.StructType([T.StructField("word", T.StringType()), T.StructField("n", T.IntegerType())])}
+    schemas = {
+        topic: BIDS,
+        other: T.StructType([T.StructField("word", T.StringType()), T.StructField("n", T.IntegerType())]),
+    }
 
     decoded = read_ranges(spark, broker.bootstrap, None, [Range(topic, 0, 0, 7), Range(other, 0, 0, 2)], schemas)
     try:
@@ -96,14 +103,21 @@ def test_records_are_consumed_once(spark):
     decoded.unpersist()
 
 
-def test_offsets_the_broker_no_longer_has_are_an_error_and_leave_the_step_unpersisted(spark, broker, client, new_topic, tmp_path):
+def test_offsets_the_broker_no_longer_has_are_an_error_and_leave_the_step_unpersisted(
+    spark, broker, client, new_topic, tmp_path
+):
     topic = new_topic(1)
     client.produce(topic, [bid(i) for i in range(3)], partition=0)
     pipeline = Pipeline(spark, str(tmp_path), revenue_circuit())
     ranges = [Range(topic, 0, 1, 5)]
     pipeline.divisions.record(0, ranges)
-    source = KafkaSource(broker.bootstrap, {"bids": topic, "auctions": new_topic(1), "persons": new_topic(1)}, read_timeout=1)
-    with pytest.raises(OffsetsLostError, match=rf"topic '{topic}' partition 0: offsets 3 to 4: the broker at '{broker.bootstrap}' ends at offset 3, below the end 5 the division recorded"):
+    source = KafkaSource(
+        broker.bootstrap, {"bids": topic, "auctions": new_topic(1), "persons": new_topic(1)}, read_timeout=1
+    )
+    with pytest.raises(
+        OffsetsLostError,
+        match=rf"topic '{topic}' partition 0: offsets 3 to 4: the broker at '{broker.bootstrap}' ends at offset 3, below the end 5 the division recorded",
+    ):
         ingest(pipeline, source, 0)
     assert not pipeline.inputs.persisted(0)
     tables = [open_table(pipeline.inputs.uri(h)) for h in pipeline.circuit.inputs]
@@ -126,7 +140,9 @@ def large_partition(broker) -> str:
     """A topic of one partition holding ``bid(i)`` for each ``i < LARGE``, once each."""
     topic = "large-partition"
     ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
-    KafkaClient(broker.bootstrap, local_producer_config(), timeout=10).produce_parallel(topic, [bid(i) for i in range(LARGE)], 4)
+    KafkaClient(broker.bootstrap, local_producer_config(), timeout=10).produce_parallel(
+        topic, [bid(i) for i in range(LARGE)], 4
+    )
     return topic
 
 
@@ -153,28 +169,44 @@ def test_a_broker_that_answers_but_does_not_deliver_is_reported_as_such(spark, b
         decoded.unpersist()
     error = read_failed(failed.value)
     assert isinstance(error, BrokerStalledError), failed.value
-    assert f"offsets {LARGE - 10_000} to {LARGE - 1}: the broker at '{broker.bootstrap}' answered (it holds offsets 0 to {LARGE - 1}) " \
+    assert (
+        f"offsets {LARGE - 10_000} to {LARGE - 1}: the broker at '{broker.bootstrap}' answered (it holds offsets 0 to {LARGE - 1}) "
         "but delivered nothing for 2 s after 0 of the range's 10000 records" in str(error)
+    )
     assert "raise fetch.wait.max.ms" in str(error)
 
 
 def test_an_undelivered_range_is_reported_by_what_the_broker_says_after():
     chunk = ("t", 1, 100, 200)
     seen = {
-        "no answer": (undelivered(chunk, 150, "Local: Timed out", 2, "h:1"), BrokerUnavailableError,
-                      "no Kafka broker at bootstrap servers 'h:1' answered within 2 s (topic 't' partition 1: offsets 150 to 199 not delivered: Local: Timed out)"),
-        "below the log start": (undelivered(chunk, 150, (170, 300), 2, "h:1"), OffsetsLostError,
-                                "topic 't' partition 1: offsets 150 to 199 are below the log start 170 of the broker at 'h:1': they were deleted"),
-        "above the end": (undelivered(chunk, 150, (0, 160), 2, "h:1"), OffsetsLostError,
-                          "topic 't' partition 1: offsets 150 to 199: the broker at 'h:1' ends at offset 160, below the end 200"),
-        "held, not delivered": (undelivered(chunk, 150, (0, 300), 2, "h:1"), BrokerStalledError,
-                                "topic 't' partition 1: offsets 150 to 199: the broker at 'h:1' answered (it holds offsets 0 to 299) "
-                                "but delivered nothing for 2 s after 50 of the range's 100 records"),
+        "no answer": (
+            undelivered(chunk, 150, "Local: Timed out", 2, "h:1"),
+            BrokerUnavailableError,
+            "no Kafka broker at bootstrap servers 'h:1' answered within 2 s (topic 't' partition 1: offsets 150 to 199 not delivered: Local: Timed out)",
+        ),
+        "below the log start": (
+            undelivered(chunk, 150, (170, 300), 2, "h:1"),
+            OffsetsLostError,
+            "topic 't' partition 1: offsets 150 to 199 are below the log start 170 of the broker at 'h:1': they were deleted",
+        ),
+        "above the end": (
+            undelivered(chunk, 150, (0, 160), 2, "h:1"),
+            OffsetsLostError,
+            "topic 't' partition 1: offsets 150 to 199: the broker at 'h:1' ends at offset 160, below the end 200",
+        ),
+        "held, not delivered": (
+            undelivered(chunk, 150, (0, 300), 2, "h:1"),
+            BrokerStalledError,
+            "topic 't' partition 1: offsets 150 to 199: the broker at 'h:1' answered (it holds offsets 0 to 299) "
+            "but delivered nothing for 2 s after 50 of the range's 100 records",
+        ),
     }
     for case, (error, kind, text) in seen.items():
         assert type(error) is kind and str(error).startswith(text), case
     # Only offsets below the log start are gone for good.
-    assert [case for case, (error, _, _) in seen.items() if "cannot be recovered" in str(error)] == ["below the log start"]
+    assert [case for case, (error, _, _) in seen.items() if "cannot be recovered" in str(error)] == [
+        "below the log start"
+    ]
 
 
 def test_a_topic_without_a_schema_or_a_bad_config_is_refused_before_reading(spark, broker):
@@ -187,14 +219,19 @@ def test_a_topic_without_a_schema_or_a_bad_config_is_refused_before_reading(spar
 def test_every_supported_type_is_parsed_as_declared(spark, broker, client, new_topic):
     topic = new_topic(1)
     schema = "t tinyint, s smallint, i int, l bigint, d double, f float, b boolean, name string"
-    client.produce(topic, [
-        b'{"t": -128, "s": 300, "i": 70000, "l": 9223372036854775807, "d": 2, "f": 0.5, "b": true, "name": "x"}',
-        b'{"t": null, "s": null, "i": null, "l": null, "d": null, "f": null, "b": null, "name": null, "_weight": -2}',
-    ])
+    client.produce(
+        topic,
+        [
+            b'{"t": -128, "s": 300, "i": 70000, "l": 9223372036854775807, "d": 2, "f": 0.5, "b": true, "name": "x"}',
+            b'{"t": null, "s": null, "i": null, "l": null, "d": null, "f": null, "b": null, "name": null, "_weight": -2}',
+        ],
+    )
     decoded = read_ranges(spark, broker.bootstrap, None, [Range(topic, 0, 0, 2)], {topic: schema})
     try:
         z = decoded.inputs[topic]
-        assert z.dtypes == [(f.name, f.dataType.simpleString()) for f in with_weight_schema(parse_schema(schema)).fields]
+        assert z.dtypes == [
+            (f.name, f.dataType.simpleString()) for f in with_weight_schema(parse_schema(schema)).fields
+        ]
         assert rows(z) == {(-128, 300, 70000, 9223372036854775807, 2.0, 0.5, True, "x", 1), (None,) * 8 + (-2,)}
     finally:
         decoded.unpersist()
@@ -204,7 +241,9 @@ def test_gateway_messages_are_framed_into_records_and_resent_bytes_dropped(spark
     topic = new_topic(1)
 
     def message(source: str, start: int, value: bytes, partial: bool = False):
-        headers = [("dbsp-bytes", f"{start}-{start + len(value)}".encode())] + ([("dbsp-partial", b"1")] if partial else [])
+        headers = [("dbsp-bytes", f"{start}-{start + len(value)}".encode())] + (
+            [("dbsp-partial", b"1")] if partial else []
+        )
         return value, source.encode(), headers
 
     first = bid(0) + b"\n\n" + bid(1) + b"\r\n"
@@ -216,13 +255,17 @@ def test_gateway_messages_are_framed_into_records_and_resent_bytes_dropped(spark
         message("s1", len(first), b'{"auction": 3, "bid', partial=True),
         (bid(9), None, None),  # a record produced directly: one message, one record
     ]
-    client.produce(topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent])
+    client.produce(
+        topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent]
+    )
     decoded = read_ranges(spark, broker.bootstrap, None, [Range(topic, 0, 0, len(sent))], {topic: BIDS})
     try:
         assert {r[0] for r in rows(decoded.inputs[topic].select("auction"))} == {0, 1, 2, 3, 9}
         assert decoded.inputs[topic].count() == 5
         letters = sorted(rows(decoded.dead_letters.select("offset", "reason")))
-        assert letters[0][0] == 1 and letters[0][1].startswith("source 's2' bytes 0-8: undecodable value: not UTF-8 JSON")
+        assert letters[0][0] == 1 and letters[0][1].startswith(
+            "source 's2' bytes 0-8: undecodable value: not UTF-8 JSON"
+        )
         assert letters[1][0] == 4 and "raise gateway.buffer_size" in letters[1][1]
         assert len(letters) == 2
     finally:
@@ -236,14 +279,20 @@ def gateway_message(source: str, start: int, value: bytes):
 def resent_across_tasks(topic: str) -> list[tuple]:
     """Source s1's bids 0, 1, then both again (a gateway restarted from an older cursor), then bid 2."""
     zero, one = bid(0) + b"\n", bid(1) + b"\n"
-    return [gateway_message("s1", 0, zero), gateway_message("s1", len(zero), one),
-            gateway_message("s1", 0, zero + one), gateway_message("s1", len(zero + one), bid(2) + b"\n")]
+    return [
+        gateway_message("s1", 0, zero),
+        gateway_message("s1", len(zero), one),
+        gateway_message("s1", 0, zero + one),
+        gateway_message("s1", len(zero + one), bid(2) + b"\n"),
+    ]
 
 
 def test_bytes_taken_by_another_task_or_an_earlier_step_are_dropped(spark, broker, client, new_topic):
     topic = new_topic(1)
     sent = resent_across_tasks(topic)
-    client.produce(topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent])
+    client.produce(
+        topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent]
+    )
     ranges = [Range(topic, 0, 0, len(sent))]
     decoded = read_ranges(spark, broker.bootstrap, None, ranges, {topic: BIDS}, chunk_size=2)  # two tasks
     try:
@@ -255,7 +304,9 @@ def test_bytes_taken_by_another_task_or_an_earlier_step_are_dropped(spark, broke
     finally:
         decoded.unpersist()
     # An earlier step took bids 0 and 1: only bid 2 is new.
-    decoded = read_ranges(spark, broker.bootstrap, None, ranges, {topic: BIDS}, taken={(topic, "s1"): len(bid(0) + bid(1)) + 2})
+    decoded = read_ranges(
+        spark, broker.bootstrap, None, ranges, {topic: BIDS}, taken={(topic, "s1"): len(bid(0) + bid(1)) + 2}
+    )
     try:
         assert [r.auction for r in decoded.inputs[topic].collect()] == [2]
     finally:
@@ -267,7 +318,9 @@ def test_a_step_drops_the_bytes_earlier_steps_took_and_reads_again_the_same(
 ):
     topic = new_topic(1)
     sent = resent_across_tasks(topic)
-    client.produce(topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent])
+    client.produce(
+        topic, [v for v, _, _ in sent], partition=0, keys=[k for _, k, _ in sent], headers=[h for _, _, h in sent]
+    )
     pipeline = Pipeline(spark, str(tmp_path), revenue_circuit())
     source = KafkaSource(broker.bootstrap, {"bids": topic, "auctions": new_topic(1), "persons": new_topic(1)})
     pipeline.divisions.record(0, [Range(topic, 0, 0, 2)])

@@ -64,7 +64,9 @@ def test_a_produce_that_stops_progressing_reports_what_was_acknowledged():
                 client.produce("t", [b"x"] * 50_000)
         finally:
             os.kill(local._process.pid, signal.SIGCONT)
-    match = re.search(r"acknowledged (\d+) of 50000 records to topic 't' in [\d.]+ s, then nothing for 2 s", str(stalled.value))
+    match = re.search(
+        r"acknowledged (\d+) of 50000 records to topic 't' in [\d.]+ s, then nothing for 2 s", str(stalled.value)
+    )
     assert match and 0 < int(match[1]) < 50_000, str(stalled.value)
 
 
@@ -89,7 +91,9 @@ def test_a_stopped_broker_is_reported_within_the_timeout():
         ensure_topics(down.bootstrap, {"t": 1}, timeout=5)
     client = KafkaClient(down.bootstrap, timeout=1)
     started = time.monotonic()
-    with pytest.raises(BrokerUnavailableError, match=rf"'{down.bootstrap}' answered within 1 s.*bootstrap servers setting"):
+    with pytest.raises(
+        BrokerUnavailableError, match=rf"'{down.bootstrap}' answered within 1 s.*bootstrap servers setting"
+    ):
         client.offsets(["t"])
     assert time.monotonic() - started < 3
 

@@ -21,7 +21,10 @@ def test_weight_and_nulls():
     ("value", "reason"),
     [
         (b"not json", "undecodable value: not UTF-8 JSON (Expecting value: line 1 column 1 (char 0))"),
-        (b"\xff\xfe{}", "undecodable value: not UTF-8 JSON ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte)"),
+        (
+            b"\xff\xfe{}",
+            "undecodable value: not UTF-8 JSON ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte)",
+        ),
         (b"[1, 2]", "undecodable value: a JSON list, not an object"),
         (b'{"auction": NaN, "price": 1, "channel": "a"}', "undecodable value: not UTF-8 JSON (NaN is not JSON)"),
         (None, "undecodable value: null (a tombstone carries no row)"),
@@ -30,10 +33,18 @@ def test_weight_and_nulls():
         (b'{"auction": 1.5, "price": 1, "channel": "a"}', "wrong schema: field 'auction' expected bigint, got float"),
         (b'{"auction": true, "price": 1, "channel": "a"}', "wrong schema: field 'auction' expected bigint, got bool"),
         (b'{"auction": 1, "price": 1, "channel": 7}', "wrong schema: field 'channel' expected string, got int"),
-        (b'{"auction": 9223372036854775808, "price": 1, "channel": "a"}',
-         "wrong schema: field 'auction' expected bigint, got 9223372036854775808 (out of bigint range)"),
-        (b'{"auction": 1, "price": 1, "channel": "a", "_weight": 0}', "wrong weight: '_weight' must be a nonzero bigint, got 0"),
-        (b'{"auction": 1, "price": 1, "channel": "a", "_weight": "1"}', "wrong weight: '_weight' must be a nonzero bigint, got '1'"),
+        (
+            b'{"auction": 9223372036854775808, "price": 1, "channel": "a"}',
+            "wrong schema: field 'auction' expected bigint, got 9223372036854775808 (out of bigint range)",
+        ),
+        (
+            b'{"auction": 1, "price": 1, "channel": "a", "_weight": 0}',
+            "wrong weight: '_weight' must be a nonzero bigint, got 0",
+        ),
+        (
+            b'{"auction": 1, "price": 1, "channel": "a", "_weight": "1"}',
+            "wrong weight: '_weight' must be a nonzero bigint, got '1'",
+        ),
     ],
 )
 def test_invalid_records_say_why(value, reason):
@@ -46,7 +57,10 @@ def test_numeric_types():
     assert validate(b'{"t": 128, "i": 1, "d": 1, "f": 1, "b": true}', fields)[1] == (
         "wrong schema: field 't' expected tinyint, got 128 (out of tinyint range)"
     )
-    assert validate(b'{"t": 1, "i": 1, "d": 1, "f": 1, "b": 1}', fields)[1] == "wrong schema: field 'b' expected boolean, got int"
+    assert (
+        validate(b'{"t": 1, "i": 1, "d": 1, "f": 1, "b": 1}', fields)[1]
+        == "wrong schema: field 'b' expected boolean, got int"
+    )
 
 
 def test_fields_of_refuses_types_json_input_cannot_check():

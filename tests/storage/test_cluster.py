@@ -44,17 +44,47 @@ def cluster(tmp_path_factory):
     log = open(work / "cluster.log", "wb")
     daemons = [
         subprocess.Popen(
-            [SPARK_CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                SPARK_CLASS,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     ]
     master = f"spark://127.0.0.1:{port}"
     for i in range(2):
-        daemons.append(subprocess.Popen(
-            [SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", master, "--host", "127.0.0.1", "--cores", "1",
-             "--memory", "1g", "--webui-port", "0", "--work-dir", str(work / f"worker{i}")],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        daemons.append(
+            subprocess.Popen(
+                [
+                    SPARK_CLASS,
+                    "org.apache.spark.deploy.worker.Worker",
+                    master,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--webui-port",
+                    "0",
+                    "--work-dir",
+                    str(work / f"worker{i}"),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     deadline = time.monotonic() + 90
     while alive_workers(ui) < 2:
         assert time.monotonic() < deadline, (work / "cluster.log").read_text()[-3000:]
@@ -84,7 +114,8 @@ def test_killing_an_executor_mid_step_does_not_change_the_output(spark, cluster,
     root = str(tmp_path / "cluster")
     run = subprocess.Popen(
         [sys.executable, "-m", "tests.storage.workload", root, "3", str(STEPS), str(INTERVAL), cluster],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     # Wait until the pipeline is inside its steps (its first state table exists), then kill one executor.
     deadline = time.monotonic() + 240

@@ -52,7 +52,10 @@ def crash(root: str, fault: str | None, kill_after: float | None) -> bool:
         env["DBSP_FAULT"] = fault
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.storage.workload", root, "0", str(STEPS), str(INTERVAL)],
-        cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=PROJECT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         process.wait(timeout=kill_after if kill_after else 300)
@@ -73,7 +76,9 @@ def test_recovery_after_kill_9_matches_a_run_without_crashes(spark, reference, t
             covered.add(fault.split(":")[0] if fault else "random")
         pipeline = workload.drive(spark, root, 0, STEPS, INTERVAL)
         for handle, (view, integral) in workload.views_match_logs(pipeline, STEPS).items():
-            assert view == integral, f"run {i} ({fault or 'random kill'}): view {handle} differs from its log's integral"
+            assert view == integral, (
+                f"run {i} ({fault or 'random kill'}): view {handle} differs from its log's integral"
+            )
         recovered = workload.output_log(pipeline, STEPS)
         if recovered != reference:
             mismatches += 1
@@ -82,7 +87,9 @@ def test_recovery_after_kill_9_matches_a_run_without_crashes(spark, reference, t
                     f"run {i} ({fault or f'killed after {kill_after:.1f}s'}), output {handle}: "
                     f"missing {dict(reference[handle] - recovered[handle])}, extra {dict(recovered[handle] - reference[handle])}"
                 )
-    print(f"\ncrash runs: {RUNS}, crashes injected: {crashes}, fault points covered: {sorted(covered)}, mismatches: {mismatches}")
+    print(
+        f"\ncrash runs: {RUNS}, crashes injected: {crashes}, fault points covered: {sorted(covered)}, mismatches: {mismatches}"
+    )
     assert covered >= set(POINTS) or RUNS < len(POINTS)
     assert mismatches == 0
 
@@ -99,7 +106,10 @@ def test_a_spark_connect_server_that_dies_mid_step_fails_it_and_the_next_run_rec
     url = connect_server(state_dir, port, driver_memory="1g", conf=workload.TEST_SPARK_CONF)
     worker = subprocess.Popen(
         [sys.executable, "-m", "tests.storage.workload", root, "0", str(STEPS), str(INTERVAL), url],
-        cwd=PROJECT, env={**os.environ, "PYTHONPATH": str(PROJECT)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=PROJECT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 300

@@ -19,7 +19,16 @@ from storage.logs import OutputLog, output_uri
 
 COLUMNS = "k string, v long, _weight long, _step long"
 ARROW = pa.schema([("k", pa.string()), ("v", pa.int64()), ("_weight", pa.int64()), ("_step", pa.int64())])
-HISTORY = [("a", 1, 1, 0), ("b", None, 1, 0), ("c", 3, 2, 0), ("a", 1, 1, 1), ("b", None, -1, 1), ("b", None, 1, 2), ("d", 4, 1, 2), (None, None, 2, 2)]
+HISTORY = [
+    ("a", 1, 1, 0),
+    ("b", None, 1, 0),
+    ("c", 3, 2, 0),
+    ("a", 1, 1, 1),
+    ("b", None, -1, 1),
+    ("b", None, 1, 2),
+    ("d", 4, 1, 2),
+    (None, None, 2, 2),
+]
 
 
 def test_not_a_set_integrates_the_touched_rows_over_the_whole_log(spark):

@@ -55,12 +55,16 @@ def test_sums_across_restarts_and_a_rescale_are_each_written_once(spark, tmp_pat
             totals[key] += value
             expected[key].append(totals[key])
     got = defaultdict(list)
-    for row in sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: [int(o) for o in r["offset"].split(".")]):
+    for row in sorted(
+        DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: [int(o) for o in r["offset"].split(".")]
+    ):
         got[json.loads(row["key"])].append(json.loads(row["value"]))
     assert got == expected
 
 
-def test_vacuum_prunes_the_tokens_of_checkpointed_steps_and_a_replay_still_skips_side_effects(spark, tmp_path, monkeypatch):
+def test_vacuum_prunes_the_tokens_of_checkpointed_steps_and_a_replay_still_skips_side_effects(
+    spark, tmp_path, monkeypatch
+):
     root, seen = str(tmp_path / "pipeline"), []
 
     def pipeline_def():
@@ -157,13 +161,17 @@ def test_a_fan_out_reaches_each_sink_whole_with_one_token_per_message(spark, tmp
     of their own (a token shared by two messages lets a sink skip one of them)."""
     root, uri, seen = str(tmp_path / "pipeline"), str(tmp_path / "counts"), []
     sink = DeltaSink(uri) if kind == "delta" else lambda word, n: seen.append((word, n))
-    run_docs(spark, root, deploy(lambda: word_counts(sink), f"word_counts_{kind}", vnodes=4), DOC_STEPS, monkeypatch, crash)
+    run_docs(
+        spark, root, deploy(lambda: word_counts(sink), f"word_counts_{kind}", vnodes=4), DOC_STEPS, monkeypatch, crash
+    )
     if kind == "delta":
         by_position = lambda r: (r["step"], [int(o) for o in r["offset"].split(".")])
         rows = sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=by_position)
         seen = [(json.loads(r["key"]), json.loads(r["value"])) for r in rows]
     else:
-        rows = [r for r in DeltaTable(str(tmp_path / "pipeline" / "_tokens")).to_pyarrow_table().to_pylist() if r["key"]]
+        rows = [
+            r for r in DeltaTable(str(tmp_path / "pipeline" / "_tokens")).to_pyarrow_table().to_pylist() if r["key"]
+        ]
     got = defaultdict(list)
     for word, n in seen:
         got[word].append(n)
@@ -177,5 +185,7 @@ def test_a_keyed_log_state_of_format_1_is_refused_naming_the_formats(spark, tmp_
     circuit = deploy(lambda: word_counts(print), "word_counts_old", vnodes=4)
     run_docs(spark, root, circuit, DOC_STEPS[:1], monkeypatch, None)
     rewrite_latest_checkpoint(root, engine_version="0.1.0", state_format=1)
-    with pytest.raises(StateFormatError, match=r"state format 1, written by engine 0\.1\.0; .* reads state format 2 only"):
+    with pytest.raises(
+        StateFormatError, match=r"state format 1, written by engine 0\.1\.0; .* reads state format 2 only"
+    ):
         Pipeline(spark, root, circuit).run()

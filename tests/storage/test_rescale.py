@@ -114,7 +114,9 @@ def rewrite_latest_checkpoint(root: str, **changes) -> dict:
     checkpoints = DeltaTable(os.path.join(root, "_checkpoints"))
     latest = max(checkpoints.to_pyarrow_table().to_pylist(), key=lambda r: r["version"])
     row = {**latest, "version": latest["version"] + 1, **changes}
-    write_deltalake(checkpoints, pa.Table.from_pylist([row], schema=pa.schema(checkpoints.schema().to_arrow())), mode="append")
+    write_deltalake(
+        checkpoints, pa.Table.from_pylist([row], schema=pa.schema(checkpoints.schema().to_arrow())), mode="append"
+    )
     return row
 
 
@@ -126,7 +128,9 @@ def test_a_newer_engine_takes_over_and_an_unreadable_state_format_is_refused(spa
     rewrite_latest_checkpoint(root, engine_version="0.0.1", state_format=1)  # format 1 differs in keyed logs only
     submit(spark, pipeline, 1)
     assert Pipeline(spark, root, circuit(), workers=2).run() == 2
-    latest = max(DeltaTable(os.path.join(root, "_checkpoints")).to_pyarrow_table().to_pylist(), key=lambda r: r["version"])
+    latest = max(
+        DeltaTable(os.path.join(root, "_checkpoints")).to_pyarrow_table().to_pylist(), key=lambda r: r["version"]
+    )
     assert latest["engine_version"] == ENGINE_VERSION and latest["step"] == 2
 
     rewrite_latest_checkpoint(root, engine_version="99.0.0", state_format=STATE_FORMAT + 1)

@@ -42,7 +42,9 @@ def submit_all(spark, pipeline: Pipeline, steps=STEPS) -> None:
 
 
 def totals(pipeline: Pipeline, last: int) -> Counter:
-    return Counter((r["_step"], r["word"], r["total"], r["_weight"]) for r in pipeline.read_outputs("totals", 0, last).collect())
+    return Counter(
+        (r["_step"], r["word"], r["total"], r["_weight"]) for r in pipeline.read_outputs("totals", 0, last).collect()
+    )
 
 
 def tables(root: str) -> dict[str, DeltaTable]:
@@ -62,9 +64,16 @@ def test_steps_produce_the_running_totals_and_survive_a_restart(spark, pipeline,
     assert restarted.run() == 3
     assert +totals(restarted, 2) == Counter(
         {
-            (0, "f", 5, 1): 1, (0, "m", 3, 1): 1,
-            (1, "m", 3, -1): 1, (1, "m", 7, 1): 1, (1, "dog", 2, 1): 1,
-            (2, "f", 5, -1): 1, (2, "f", 4, 1): 1, (2, "dog", 2, -1): 1, (2, "m", 7, -1): 1, (2, "m", 8, 1): 1,
+            (0, "f", 5, 1): 1,
+            (0, "m", 3, 1): 1,
+            (1, "m", 3, -1): 1,
+            (1, "m", 7, 1): 1,
+            (1, "dog", 2, 1): 1,
+            (2, "f", 5, -1): 1,
+            (2, "f", 4, 1): 1,
+            (2, "dog", 2, -1): 1,
+            (2, "m", 7, -1): 1,
+            (2, "m", 8, 1): 1,
         }
     )
     step_two = restarted.read_outputs("totals", 2, 2).collect()
@@ -261,7 +270,10 @@ def test_a_crowded_small_trace_is_rewritten_by_the_step_and_changes_no_result(sp
     assert totals(pipeline, 2) == totals(reference, 2)
     traces = {name: t for name, t in tables(pipeline.root).items() if name.startswith("state")}
     # A rewrite removes the trace's files: some files of earlier versions are gone.
-    ever = {name: {f for v in range(t.version() + 1) for f in DeltaTable(t.table_uri, version=v).file_uris()} for name, t in traces.items()}
+    ever = {
+        name: {f for v in range(t.version() + 1) for f in DeltaTable(t.table_uri, version=v).file_uris()}
+        for name, t in traces.items()
+    }
     assert traces and all(set(t.file_uris()) < ever[name] for name, t in traces.items() if len(ever[name]) > 1)
     assert any(set(t.file_uris()) < ever[name] for name, t in traces.items())
 

@@ -136,7 +136,11 @@ def test_a_crash_at_any_point_of_a_step_leaves_the_view_equal_to_the_committed_l
     step of the log into the view exactly once."""
     root = str(tmp_path)
     pipeline = Pipeline(spark, root, circuit(), workers=2, views=SINKS)
-    data = [Counter({(3, "a"): 1, (4, "a"): 1, (1, "b"): 1}), Counter({(3, "a"): -1, (5, "c"): 2}), Counter({(1, "b"): -1})]
+    data = [
+        Counter({(3, "a"): 1, (4, "a"): 1, (1, "b"): 1}),
+        Counter({(3, "a"): -1, (5, "c"): 2}),
+        Counter({(1, "b"): -1}),
+    ]
     for step, changes in enumerate(data):
         submit(spark, pipeline, step, changes)
     pipeline.run(through=0)
@@ -161,9 +165,9 @@ def test_time_travel_reads_each_committed_step_until_vacuum_and_names_what_is_le
     for step, changes in enumerate(data):
         submit(spark, pipeline, step, changes)
         pipeline.run(through=step)  # a checkpoint per step
-    assert [Counter(tuple(r.values()) for r in views.read_view(pipeline.root, "vs", s).table.to_pylist()) for s in range(3)] == [
-        Counter({("a",): 1}), Counter({("a",): 2, ("b",): 1}), Counter({("a",): 1, ("b",): 1})
-    ]
+    assert [
+        Counter(tuple(r.values()) for r in views.read_view(pipeline.root, "vs", s).table.to_pylist()) for s in range(3)
+    ] == [Counter({("a",): 1}), Counter({("a",): 2, ("b",): 1}), Counter({("a",): 1, ("b",): 1})]
     latest = views.read_view(pipeline.root, "vs", limit=1)
     assert (latest.step, latest.rows, latest.table.num_rows) == (2, 2, 1)
     with pytest.raises(ViewError, match=r"step 3 is not committed; the committed steps are 0\.\.2"):

@@ -45,7 +45,9 @@ def drive(spark, root: str, seed: int, steps: int, interval: int, workers: int =
     Idempotent: running it again after a crash recovers and completes the same work."""
     pipeline = Pipeline(spark, root, circuit(), workers=workers, views=circuit().outputs)
     for step in range(steps):
-        pipeline.submit(step, inputs(spark, seed, step), [Range("nexmark", 0, step * EVENTS_PER_STEP, (step + 1) * EVENTS_PER_STEP)])
+        pipeline.submit(
+            step, inputs(spark, seed, step), [Range("nexmark", 0, step * EVENTS_PER_STEP, (step + 1) * EVENTS_PER_STEP)]
+        )
         if (step + 1) % interval == 0 or step == steps - 1:
             pipeline.run(through=step)
     return pipeline
@@ -74,7 +76,9 @@ def views_match_logs(pipeline: Pipeline, steps: int) -> dict[str, tuple[Counter,
         integral = Counter()
         for r in pipeline.outputs.read(handle, 0, steps).collect():
             integral[tuple(v for k, v in r.asDict().items() if k not in ("_weight", "_step"))] += r["_weight"]
-        view = Counter(tuple(r.values()) for r in DeltaTable(view_uri(pipeline.root, handle)).to_pyarrow_table().to_pylist())
+        view = Counter(
+            tuple(r.values()) for r in DeltaTable(view_uri(pipeline.root, handle)).to_pyarrow_table().to_pylist()
+        )
         found[handle] = (view, +integral)
     return found
 

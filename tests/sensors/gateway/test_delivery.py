@@ -20,7 +20,7 @@ def test_messages_hold_whole_records_and_pieces_of_long_ones(records, cuts):
     stream = b"".join(r + b"\n" for r in records)
     state, position, sent, reads = _Source("t", 0, True), 0, [], iter(cuts * (len(stream) + 1))
     while position < len(stream):
-        data = stream[position: position + next(reads)]  # what one buffer got
+        data = stream[position : position + next(reads)]  # what one buffer got
         first = position - len(state.tail)
         sent += list(cut(state, state.tail + data, first, SIZE))
         position += len(data)

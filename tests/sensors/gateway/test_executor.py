@@ -83,8 +83,9 @@ class Memory(Source):
 
     rereadable = True
 
-    def __init__(self, source_id: str, data: bytes, fail_at: int | None = None, fault: Exception | None = None,
-                 chunk: int = 10):
+    def __init__(
+        self, source_id: str, data: bytes, fail_at: int | None = None, fault: Exception | None = None, chunk: int = 10
+    ):
         super().__init__(source_id)
         self.data, self.fail_at, self.fault, self.chunk = data, fail_at, fault, chunk
         self._position = 0
@@ -205,7 +206,9 @@ def test_a_failing_source_is_retried_with_backoff_and_the_others_go_on():
     executor.add(Memory("broken", data, fail_at=100, fault=SourceFailed("broken", "HTTP 503")))
     executor.start()
     try:
-        collector.wait(lambda: len(collector.data.get("flaky", b"")) == 200 and len(collector.data.get("broken", b"")) == 200)
+        collector.wait(
+            lambda: len(collector.data.get("flaky", b"")) == 200 and len(collector.data.get("broken", b"")) == 200
+        )
         stats = executor.stats()["sources"]
         collector.wait(lambda: ("steady", "finished") in collector.statuses)
     finally:

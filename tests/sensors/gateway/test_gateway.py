@@ -73,8 +73,10 @@ def topic(broker):
 def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, topic, tmp_path):
     landing = tmp_path / "landing"
     landing.mkdir()
-    groups = [FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log"),
-              TcpSpec(kind="tcp", name="dev", topic=topic, port=0)]
+    groups = [
+        FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log"),
+        TcpSpec(kind="tcp", name="dev", topic=topic, port=0),
+    ]
     spec = GatewaySpec(buffers=64, buffer_size=256)
     home = str(tmp_path / "gateway")
     gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
@@ -98,11 +100,13 @@ def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, 
         # In pieces that split records, as a stream may deliver them.
         data = b"\n".join(records) + b"\n"
         for start in range(0, len(data), 37):
-            device.sendall(data[start:start + 37])
+            device.sendall(data[start : start + 37])
         sent[device.getsockname()[1]] = records
     for device in devices:
         device.close()
-    wait_until(lambda: all(f["status"] == "finished" for n, f in gateway.status()["sources"].items() if n.startswith("dev:")))
+    wait_until(
+        lambda: all(f["status"] == "finished" for n, f in gateway.status()["sources"].items() if n.startswith("dev:"))
+    )
     sent = {connection_id(gateway, "dev", port): records for port, records in sent.items()}
     # The files are found by polling their directory, so they may land after the connections.
     wait_for_lines(broker.bootstrap, topic, written | sent)
@@ -169,8 +173,14 @@ def test_a_device_reconnecting_from_a_port_it_used_before_loses_no_line(spark, b
     each is a source of its own (its byte ranges start at 0), so the step's reader keeps
     all 30 rather than taking the second connection's lines for a re-send of the first's."""
     spec, home = GatewaySpec(buffers=8, buffer_size=256), str(tmp_path / "gateway")
-    gateway = Gateway(spec, [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)], broker.bootstrap,
-                      local_producer_config(), home, timeout=10)
+    gateway = Gateway(
+        spec,
+        [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)],
+        broker.bootstrap,
+        local_producer_config(),
+        home,
+        timeout=10,
+    )
     gateway.start()
     host, port = gateway.status()["listeners"]["dev"].split(":")
     client_port = free_port()
@@ -183,8 +193,11 @@ def test_a_device_reconnecting_from_a_port_it_used_before_loses_no_line(spark, b
             data = b"".join(b'{"n": %d}\n' % n for n in range(first, first + count))
             device.sendall(data)
             size = len(data)
-            wait_until(lambda size=size: any(f["status"] == "running" and f["bytes"] == size
-                                             for f in gateway.status()["sources"].values()))
+            wait_until(
+                lambda size=size: any(
+                    f["status"] == "running" and f["bytes"] == size for f in gateway.status()["sources"].values()
+                )
+            )
             # Reset rather than closed: no TIME_WAIT keeps the port from the next connection.
             device.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             device.close()
@@ -204,8 +217,14 @@ def test_a_device_reconnecting_from_a_port_it_used_before_loses_no_line(spark, b
 def test_the_status_of_a_stopped_gateway_leaves_no_coroutine_unawaited(broker, topic, tmp_path):
     """``dbsp gateway`` prints the figures after the stop (on SIGTERM): asking a closed
     loop for a worker's figures must not leave the coroutine it made behind."""
-    gateway = Gateway(GatewaySpec(buffers=8, buffer_size=256), [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)],
-                      broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway = Gateway(
+        GatewaySpec(buffers=8, buffer_size=256),
+        [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)],
+        broker.bootstrap,
+        local_producer_config(),
+        str(tmp_path / "gateway"),
+        timeout=10,
+    )
     gateway.start()
     gateway.stop()
     with warnings.catch_warnings(record=True) as caught:
@@ -255,7 +274,9 @@ def test_a_gateway_that_dies_before_its_first_commit_resends_nothing_after_its_r
     restarted = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
     restarted.start()
     try:
-        wait_until(lambda: all(restarted.status()["sources"].get(p, {}).get("acked") == os.path.getsize(p) for p in written))
+        wait_until(
+            lambda: all(restarted.status()["sources"].get(p, {}).get("acked") == os.path.getsize(p) for p in written)
+        )
         assert lines_in(broker.bootstrap, topic) == written
     finally:
         restarted.stop()
@@ -287,7 +308,11 @@ def test_a_restarted_gateway_keeps_the_read_back_offsets_of_partitions_it_wrote_
         (landing / f"f{i}.log").write_bytes(b'{"n": 1}\n')
     gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
     gateway.start()
-    wait_until(lambda: len(gateway.status()["sources"]) == 20 and all(f.get("acked") for f in gateway.status()["sources"].values()))
+    wait_until(
+        lambda: (
+            len(gateway.status()["sources"]) == 20 and all(f.get("acked") for f in gateway.status()["sources"].values())
+        )
+    )
     gateway.flush()
     gateway.stop()
     committed = gateway.cursors.load().read_back

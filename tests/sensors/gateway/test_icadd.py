@@ -54,6 +54,7 @@ def interrogated(d: Distributor, keys: set[str] = frozenset()) -> list:
 
 # -- placement ---------------------------------------------------------------------------------
 
+
 def test_xxhash64_and_vnodes_are_sparks():
     # Values from Spark's F.xxhash64 and F.pmod(F.xxhash64(k), 256) on the same strings.
     assert xxhash64(b"") == -7444071767201028348 and vnode_of_key("") == 4
@@ -74,6 +75,7 @@ def test_placement_moves_about_one_in_w_plus_one():
 
 
 # -- the rules, one by one ---------------------------------------------------------------------
+
 
 def test_interrogate_rules_1_1_1_2_and_2():
     d = Distributor(0, W2)
@@ -149,8 +151,18 @@ def test_regions_discard_icadd_messages_from_upstream():
 def test_status():
     d = Distributor(0, W2)
     interrogated(d, {key_where(0, 2)})
-    assert d.status() == {"worker": 0, "phase": "collect", "version": 1, "workers": 2, "to_workers": 3,
-                          "whitelist": 1, "hold": 0, "finished": [], "moved": 0, "waiting": 0}
+    assert d.status() == {
+        "worker": 0,
+        "phase": "collect",
+        "version": 1,
+        "workers": 2,
+        "to_workers": 3,
+        "whitelist": 1,
+        "hold": 0,
+        "finished": [],
+        "moved": 0,
+        "waiting": 0,
+    }
 
 
 def test_multi_pathing():
@@ -175,9 +187,15 @@ def test_multi_pathing():
 
 # -- the simulator -----------------------------------------------------------------------------
 
+
 @st.composite
-def scenarios(draw: Callable, migrations: tuple[int, int] = (1, 3), keys: tuple[int, int] = (1, 8),
-              messages: tuple[int, int] = (0, 6), rescale_only: bool = False) -> Scenario:
+def scenarios(
+    draw: Callable,
+    migrations: tuple[int, int] = (1, 3),
+    keys: tuple[int, int] = (1, 8),
+    messages: tuple[int, int] = (0, 6),
+    rescale_only: bool = False,
+) -> Scenario:
     """``W, W', ...`` in 1..5 (one to three migrations in a row), source ids, message
     counts, producers in every layout, 1 or 2 downstream paths, how much flows before each
     trigger, and the scheduler's seed."""
@@ -185,10 +203,10 @@ def scenarios(draw: Callable, migrations: tuple[int, int] = (1, 3), keys: tuple[
     for _ in range(draw(st.integers(*migrations))):
         size = st.integers(1, 5)
         sizes.append(draw(size.filter(lambda n: n != sizes[-1]) if rescale_only else size))
-    ids = draw(st.lists(st.integers(0, 999).map(lambda i: f"src-{i}"), min_size=keys[0], max_size=keys[1],
-                        unique=True))
+    ids = draw(st.lists(st.integers(0, 999).map(lambda i: f"src-{i}"), min_size=keys[0], max_size=keys[1], unique=True))
     return Scenario(
-        tuple(sizes), tuple(ids),
+        tuple(sizes),
+        tuple(ids),
         messages=tuple(draw(st.integers(*messages)) for _ in ids),
         producers=tuple(draw(st.integers(0, min(sizes) - 1)) for _ in ids),
         paths=draw(st.integers(1, 2)),
@@ -213,10 +231,12 @@ def test_every_migration_keeps_the_invariants_and_terminates():
         target(float(result.counts["rule3.sender"]), label="ping-pong 1")
 
     migrate()
-    print(f"\nICADD simulator: {seen['runs']} runs, {seen['keys moved']} keys moved, "
-          f"ping-pong 1 (rule 3, F(K) == sender): {seen['rule3.sender']}, "
-          f"ping-pong 2 (version rule): {seen['version.pingpong']}, "
-          f"switch-barrier waits: {seen['barrier.wait']}")
+    print(
+        f"\nICADD simulator: {seen['runs']} runs, {seen['keys moved']} keys moved, "
+        f"ping-pong 1 (rule 3, F(K) == sender): {seen['rule3.sender']}, "
+        f"ping-pong 2 (version rule): {seen['version.pingpong']}, "
+        f"switch-barrier waits: {seen['barrier.wait']}"
+    )
     assert seen["rule3.sender"] > 0 and seen["version.pingpong"] > 0
     # With rule 2 through the old owner, the version rule fires only in the ping-pong 2 case.
     assert seen["version.other"] == 0
@@ -227,8 +247,12 @@ def test_the_live_sequence_2_3_1():
     """The live test's rescale, 2 -> 3 -> 1, with many sources and data all along."""
     ids = tuple(f"file-{i:03d}.log" for i in range(60))
     for seed in range(5):
-        result = simulate(Scenario((2, 3, 1), ids, messages=(5,) * len(ids), producers=(0,) * len(ids),
-                                   paths=2, trigger=40, seed=seed), max_steps=100_000)
+        result = simulate(
+            Scenario(
+                (2, 3, 1), ids, messages=(5,) * len(ids), producers=(0,) * len(ids), paths=2, trigger=40, seed=seed
+            ),
+            max_steps=100_000,
+        )
         assert len(result.moved) > len(ids) // 2  # ~1/3 move to the new worker, then all but w0's to w0
 
 
@@ -254,9 +278,18 @@ def test_each_rule_is_needed(rule: str, check_pingpong: bool, kind: str):
             return violation.kind == kind
         return False
 
-    example = find(scenarios(migrations=(1, 1), keys=(3, 10), messages=(2, 8), rescale_only=True), breaks,
-                   settings=settings(max_examples=400, deadline=None, database=None, derandomize=True,
-                                     phases=[HPhase.generate], suppress_health_check=list(HealthCheck)))
+    example = find(
+        scenarios(migrations=(1, 1), keys=(3, 10), messages=(2, 8), rescale_only=True),
+        breaks,
+        settings=settings(
+            max_examples=400,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[HPhase.generate],
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
     with pytest.raises(Violation, match=f"^{kind}: "):
         simulate(example, rules, check_pingpong=check_pingpong, max_steps=5_000)
     simulate(example)  # the same run with every rule keeps the invariants

@@ -195,8 +195,7 @@ def test_a_source_100x_faster_never_makes_a_slow_one_wait_more_than_a_round():
                 await asyncio.sleep(pause)
 
         until = loop.time() + 1.5
-        await asyncio.gather(run("fast", 0.0002, 0.05, until),
-                             *(run(s, 0.02, 0.05, until) for s in slow))
+        await asyncio.gather(run("fast", 0.0002, 0.05, until), *(run(s, 0.02, 0.05, until) for s in slow))
         waited = 0
         for source, asked, granted in windows:
             if source == "fast":
@@ -240,8 +239,9 @@ def test_two_loops_share_the_pool():
         await asyncio.gather(*(source(n) for n in names))
 
     threads = [threading.Thread(target=consumer)]
-    threads += [threading.Thread(target=asyncio.run, args=(three(names),))
-                for names in (["s0", "s1", "s2"], ["s3", "s4", "s5"])]
+    threads += [
+        threading.Thread(target=asyncio.run, args=(three(names),)) for names in (["s0", "s1", "s2"], ["s3", "s4", "s5"])
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

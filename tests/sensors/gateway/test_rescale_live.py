@@ -82,14 +82,23 @@ class Tail(threading.Thread):
                     if m.error() is not None:
                         continue
                     now = time.time_ns()
-                    self.seen += [(r["file"], r["t"], now) for r in
-                                  (json.loads(line) for line in m.value().split(b"\n") if line)]
+                    self.seen += [
+                        (r["file"], r["t"], now) for r in (json.loads(line) for line in m.value().split(b"\n") if line)
+                    ]
         finally:
             self.consumer.close()
 
 
-def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: tuple[int, ...] = (2, 3, 1),
-                     stopped: bool = False, rounds: float = 10.0, settle: float = 1.0) -> dict:
+def grow_and_rescale(
+    bootstrap: str,
+    root: Path,
+    *,
+    sources: int = 200,
+    sizes: tuple[int, ...] = (2, 3, 1),
+    stopped: bool = False,
+    rounds: float = 10.0,
+    settle: float = 1.0,
+) -> dict:
     """``sources`` files growing (``rounds`` lines per second each) through a gateway of
     ``sizes[0]`` I/O threads rescaled to each of ``sizes[1:]`` in turn (ICADD, or stop the
     world when ``stopped``), ``settle`` seconds apart; checks every line is in the topic
@@ -105,8 +114,9 @@ def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: t
     writer = Writer(paths, rounds)
     writer.round()
     spec = GatewaySpec(buffers=2 * sources + 64, buffer_size=1024, io_threads=sizes[0])
-    groups = [FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log",
-                        poll_interval=0.02)]
+    groups = [
+        FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log", poll_interval=0.02)
+    ]
     gateway = Gateway(spec, groups, bootstrap, local_producer_config(), str(root / "gateway"), timeout=30)
     tail = Tail(bootstrap, topic, 2)
     client = KafkaClient(bootstrap)
@@ -146,8 +156,16 @@ def grow_and_rescale(bootstrap: str, root: Path, *, sources: int = 200, sizes: t
         writer.halt.set()
         gateway.stop()
     tail.join()
-    return {"windows": windows, "seen": tail.seen, "paths": paths, "lines": sum(map(len, writer.written.values())),
-            "status": status, "settle": settle, "topic": topic, "cuts": cuts}
+    return {
+        "windows": windows,
+        "seen": tail.seen,
+        "paths": paths,
+        "lines": sum(map(len, writer.written.values())),
+        "status": status,
+        "settle": settle,
+        "topic": topic,
+        "cuts": cuts,
+    }
 
 
 def lines_circuit() -> Circuit:
@@ -190,18 +208,26 @@ def check_view(spark, bootstrap: str, result: dict, root: str) -> dict:
         with open(path, "rb") as lines:
             on_disk.update((r["file"], r["n"], r["t"]) for r in map(json.loads, lines))
     lost, extra = on_disk - view, +view - on_disk
-    assert not lost and not extra, f"view against the files: {len(lost)} line(s) lost (e.g. {sorted(lost)[:3]}), " \
-                                   f"{len(extra)} extra or repeated (e.g. {sorted(extra)[:3]})"
+    assert not lost and not extra, (
+        f"view against the files: {len(lost)} line(s) lost (e.g. {sorted(lost)[:3]}), "
+        f"{len(extra)} extra or repeated (e.g. {sorted(extra)[:3]})"
+    )
     assert all(w == 1 for w in changes.values()), "a line added more than once, or retracted"
     steps: dict[int, list[tuple[int, int]]] = {}
     for f, n, _, step in changes:
         steps.setdefault(f, []).append((n, step))
     out_of_order = {f: s for f, s in steps.items() if [st for _, st in sorted(s)] != sorted(st for _, st in s)}
-    assert not out_of_order, f"{len(out_of_order)} file(s) whose lines entered the view out of order, e.g. " \
-                             f"{sorted(next(iter(out_of_order.values())))[:20]} ((line, step))"
+    assert not out_of_order, (
+        f"{len(out_of_order)} file(s) whose lines entered the view out of order, e.g. "
+        f"{sorted(next(iter(out_of_order.values())))[:20]} ((line, step))"
+    )
     assert len({step for _, _, _, step in changes}) == len(ends), "a step holds no line"
-    return {"lines": sum(view.values()), "steps": len(ends), "files": len(steps),
-            "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "lines": sum(view.values()),
+        "steps": len(ends),
+        "files": len(steps),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 @pytest.mark.parametrize("sources", [200])
@@ -223,16 +249,23 @@ def test_live_rescale_2_3_1_every_line_once_in_order(spark, broker, tmp_path, so
     layouts = [w2, rescale(w2, 3), rescale(rescale(w2, 3), 1)]
     paths = result["paths"]
     for figures, (before, after) in zip((first, second), zip(layouts, layouts[1:])):
-        assert figures["keys"] == {i for i, p in enumerate(paths) if Placement(before).worker(p) != Placement(after).worker(p)}
+        assert figures["keys"] == {
+            i for i, p in enumerate(paths) if Placement(before).worker(p) != Placement(after).worker(p)
+        }
 
 
 def test_rescale_is_refused_while_a_migration_runs_and_status_shows_the_workers(broker, tmp_path, monkeypatch, capsys):
     topic = f"gwr-{os.urandom(4).hex()}"
     ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
     (tmp_path / "landing").mkdir()
-    gateway = Gateway(GatewaySpec(buffers=16, buffer_size=256, io_threads=1),
-                      [FilesSpec(kind="files", name="f", topic=topic, directory=str(tmp_path / "landing"))],
-                      broker.bootstrap, local_producer_config(), str(tmp_path / "home" / "gateway"), timeout=10)
+    gateway = Gateway(
+        GatewaySpec(buffers=16, buffer_size=256, io_threads=1),
+        [FilesSpec(kind="files", name="f", topic=topic, directory=str(tmp_path / "landing"))],
+        broker.bootstrap,
+        local_producer_config(),
+        str(tmp_path / "home" / "gateway"),
+        timeout=10,
+    )
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     gateway.start()
     try:
@@ -244,7 +277,9 @@ def test_rescale_is_refused_while_a_migration_runs_and_status_shows_the_workers(
         assert answer["rescale"]["to"] == 2
         workers = call(gateway.control.url, "/status", timeout=10)["workers"]
         assert [(w["worker"], w["phase"], w["version"], w["whitelist"], w["hold"]) for w in workers] == [
-            (0, "steady", 1, 0, 0), (1, "steady", 1, 0, 0)]
+            (0, "steady", 1, 0, 0),
+            (1, "steady", 1, 0, 0),
+        ]
         capsys.readouterr()
         assert cli.main(["gateway", "rescale", "--workers", "1"]) == 0
         assert "rescaled 2 -> 1 workers (version 2)" in capsys.readouterr().out
@@ -290,11 +325,17 @@ def test_a_file_its_owner_refuses_for_a_full_pool_is_offered_again_when_there_is
     landing.mkdir()
     for name in ("a", "b", "c"):
         (landing / f"{name}.log").write_bytes(f"{name} 0\n".encode())
-    gateway = Gateway(GatewaySpec(buffers=3, buffer_size=256, io_threads=2),
-                      [FilesSpec(kind="files", name="f", topic=topic, directory=str(landing), poll_interval=0.02)],
-                      broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway = Gateway(
+        GatewaySpec(buffers=3, buffer_size=256, io_threads=2),
+        [FilesSpec(kind="files", name="f", topic=topic, directory=str(landing), poll_interval=0.02)],
+        broker.bootstrap,
+        local_producer_config(),
+        str(tmp_path / "gateway"),
+        timeout=10,
+    )
     gateway.start()
     try:
+
         def running() -> set[str]:
             return {Path(n).stem for n, f in gateway.status()["sources"].items() if f["status"] == "running"}
 
@@ -306,8 +347,12 @@ def test_a_file_its_owner_refuses_for_a_full_pool_is_offered_again_when_there_is
         (landing / f"{gone}.log").unlink()
         wait_until(lambda: refused in running())
         gateway.flush()
-        wait_until(lambda: {Path(k).stem: v for k, v in lines_in(broker.bootstrap, topic).items()}
-                   == {n: [f"{n} 0".encode()] for n in ("a", "b", "c")})
+        wait_until(
+            lambda: (
+                {Path(k).stem: v for k, v in lines_in(broker.bootstrap, topic).items()}
+                == {n: [f"{n} 0".encode()] for n in ("a", "b", "c")}
+            )
+        )
     finally:
         gateway.stop()
 
@@ -317,9 +362,14 @@ def test_generators_stay_where_they_started_and_their_worker_cannot_leave(broker
 
     topic = f"gwr-{os.urandom(4).hex()}"
     ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
-    gateway = Gateway(GatewaySpec(buffers=64, buffer_size=256, io_threads=2),
-                      [GeneratorSpec(kind="generator", name="g", topic=topic, count=20, lines=10_000, rate=20)],
-                      broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway = Gateway(
+        GatewaySpec(buffers=64, buffer_size=256, io_threads=2),
+        [GeneratorSpec(kind="generator", name="g", topic=topic, count=20, lines=10_000, rate=20)],
+        broker.bootstrap,
+        local_producer_config(),
+        str(tmp_path / "gateway"),
+        timeout=10,
+    )
     gateway.start()
     try:
         wait_until(lambda: sum(f["status"] == "running" for f in gateway.status()["sources"].values()) == 20)
@@ -339,9 +389,14 @@ def test_a_moving_tcp_connection_is_closed_and_the_device_reconnects_to_its_new_
 
     topic = f"gwr-{os.urandom(4).hex()}"
     ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
-    gateway = Gateway(GatewaySpec(buffers=64, buffer_size=256, io_threads=2),
-                      [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)],
-                      broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway = Gateway(
+        GatewaySpec(buffers=64, buffer_size=256, io_threads=2),
+        [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)],
+        broker.bootstrap,
+        local_producer_config(),
+        str(tmp_path / "gateway"),
+        timeout=10,
+    )
     gateway.start()
     host, port = gateway.status()["listeners"]["dev"].split(":")
     sent: dict[str, list[bytes]] = {}

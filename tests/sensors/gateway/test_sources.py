@@ -272,17 +272,28 @@ def test_a_truncated_file_is_reported_and_read_again_as_a_new_generation(tmp_pat
 def test_a_watcher_continues_the_latest_generation_known_from_cursors(tmp_path):
     directory = str(tmp_path)
     (tmp_path / "b#3").write_bytes(b"")  # a file whose own name ends like a generation
-    ids = [f"{directory}/a.log", f"{directory}/a.log#2", f"{directory}/a.log#3", f"{directory}/c.log#2",
-           f"{directory}/b#3", f"{directory}/other.txt#4", "/elsewhere/a.log#9"]
+    ids = [
+        f"{directory}/a.log",
+        f"{directory}/a.log#2",
+        f"{directory}/a.log#3",
+        f"{directory}/c.log#2",
+        f"{directory}/b#3",
+        f"{directory}/other.txt#4",
+        "/elsewhere/a.log#9",
+    ]
     # other.txt does not match *.log, /elsewhere is not watched, b#3 is a file's own name.
     assert latest_generations(ids, directory, "*.log") == {f"{directory}/a.log": 3, f"{directory}/c.log": 2}
     assert latest_generations(ids, directory, "*") == {
-        f"{directory}/a.log": 3, f"{directory}/c.log": 2, f"{directory}/other.txt": 4
+        f"{directory}/a.log": 3,
+        f"{directory}/c.log": 2,
+        f"{directory}/other.txt": 4,
     }
     (tmp_path / "a.log").write_bytes(b"x\n")
     (tmp_path / "d.log").write_bytes(b"y\n")
     found: list[FileSource] = []
-    DirectoryWatcher(directory, found.append, pattern="*.log", generations=latest_generations(ids, directory, "*.log")).scan()
+    DirectoryWatcher(
+        directory, found.append, pattern="*.log", generations=latest_generations(ids, directory, "*.log")
+    ).scan()
     assert sorted(s.id for s in found) == [f"{directory}/a.log#3", f"{directory}/d.log"]
 
 
