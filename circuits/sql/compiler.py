@@ -235,9 +235,14 @@ class _Compiler:
 
     # FROM and joins
     def from_(self, node: exp.Select, outer: _Scope | None) -> Rel:
+        where = node.args.get("where")
+        # ``FROM a, b WHERE a.k = b.k`` keys the join by the WHERE's equalities: as a join
+        # with no key it would be a cross product read whole on every change.  The WHERE
+        # is still applied whole after the joins, so taking them here changes no result.
+        implied = [c for c in _conjuncts(where.this if where else None) if not _has_subquery(c)]
         rel = self.source(node.args["from_"].this, outer)
         for join in node.args.get("joins") or []:
-            rel = self.join(rel, self.source(join.this, outer), join)
+            rel = self.join(rel, self.source(join.this, outer), join, implied)
         return rel
 
     def source(self, node: exp.Expression, outer: _Scope | None) -> Rel:
@@ -267,7 +272,9 @@ class _Compiler:
         schema = self.schemas[name]
         return Rel(self.inputs[name], [Col(None, f.name, f.name) for f in schema.fields], {f.name: f.dataType for f in schema})
 
-    def join(self, left: Rel, right: Rel, node: exp.Join) -> Rel:
+    def join(self, left: Rel, right: Rel, node: exp.Join, implied: list[exp.Expression]) -> Rel:
+        """``left`` joined with ``right`` as ``node`` says; an inner join without ``ON`` is
+        keyed by the equalities between the two sides among ``implied`` (the WHERE's conjuncts)."""
         if node.args.get("using") or node.method:
             raise SqlError(f"not supported: {node.method or 'USING'} join; write the condition with ON")
         kind, side = (node.kind or "").upper(), (node.side or "").upper()
@@ -280,6 +287,8 @@ class _Compiler:
             raise SqlError(f"not supported: {kind} JOIN")
         both = _Scope([*left.cols, *right.cols])
         pairs, rest = _split_equalities(_conjuncts(condition), _Scope(left.cols), _Scope(right.cols))
+        if condition is None and how == "inner":
+            pairs = _split_equalities(implied, _Scope(left.cols), _Scope(right.cols))[0]
         pairs = [(self.resolve(a, both), self.resolve(b, both)) for a, b in pairs]
         residual = self.resolve(exp.and_(*rest), both) if rest else None
         return self.keyed_join(left, right, pairs, residual, how)
@@ -314,7 +323,7 @@ class _Compiler:
             inner = c.this if isinstance(c, exp.Not) else c
             if isinstance(inner, exp.Exists) or (isinstance(inner, exp.In) and inner.args.get("query")):
                 subqueries.append((inner, isinstance(c, exp.Not)))
-            elif any(isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and n.args.get("query")) for n in c.walk()):
+            elif _has_subquery(c):
                 raise SqlError(f"a subquery is supported only as a conjunct of WHERE: {c.sql(DIALECT)[:80]}")
             else:
                 plain.append(c)
@@ -439,6 +448,10 @@ class _Compiler:
 
 def _columns(e: exp.Expression) -> list[exp.Column]:
     return [c for c in e.find_all(exp.Column) if not isinstance(c.this, exp.Star)]
+
+
+def _has_subquery(e: exp.Expression) -> bool:
+    return any(isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and n.args.get("query")) for n in e.walk())
 
 
 def _conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:

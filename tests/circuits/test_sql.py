@@ -144,3 +144,13 @@ def test_sql_semantics_hypothesis_may_miss(spark, circuit):
         return {name: ("integral", z) for name, z in batch.items()}
 
     run_and_compare(spark, circuit, steps, 1, expected)
+
+
+def test_comma_join_is_keyed_by_the_where_equalities(spark):
+    """``FROM a, b WHERE a.k = b.k`` compiles to the circuit of ``a JOIN b ON a.k = b.k``
+    (then the same WHERE), not to a cross product keyed by a constant that every step
+    would read whole (TPC-H writes its joins this way)."""
+    where = "WHERE a.k = b.k AND a.v IN (SELECT x FROM b) AND b.x > 1"
+    comma = compile_sql(f"CREATE MATERIALIZED VIEW j AS SELECT a.s, b.d FROM a, b {where};", SCHEMAS, spark)
+    keyed = compile_sql(f"CREATE MATERIALIZED VIEW j AS SELECT a.s, b.d FROM a JOIN b ON a.k = b.k {where};", SCHEMAS, spark)
+    assert comma.fingerprint() == keyed.fingerprint()
