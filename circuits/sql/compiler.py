@@ -187,6 +187,12 @@ class _Compiler:
     def select(self, node: exp.Select, outer: _Scope | None) -> Rel:
         if node.args.get("from_") is None:
             raise SqlError("SELECT without FROM is not supported; read a table")
+        for e in [*node.expressions, node.args.get("having")]:
+            if e is not None and _has_subquery(e):
+                raise SqlError(
+                    f"a subquery in the select list or HAVING is not supported: {e.sql(DIALECT)[:80]}; "
+                    "join with it in FROM instead"
+                )
         rel = self.from_(node, outer)
         scope = _Scope(rel.cols, outer, {e.alias.lower(): e.this for e in node.expressions if isinstance(e, exp.Alias)})
         where = node.args.get("where")

@@ -112,6 +112,8 @@ def test_sql_views_equal_spark_batch_sql(spark, circuit, workers, steps):
         ("SELECT array(k) + 1 AS wrong FROM a", "DATATYPE_MISMATCH"),
         ("SELECT k, stddev(v) AS sd FROM a GROUP BY k", "stddev"),
         ("SELECT k, v FROM a WHERE k = 1 OR v IN (SELECT x FROM b)", "subquery is supported only as a conjunct"),
+        ("SELECT k FROM a GROUP BY k HAVING count(*) > (SELECT count(*) FROM b)", "subquery in the select list or HAVING"),
+        ("SELECT k, (SELECT max(x) FROM b) AS top FROM a", "subquery in the select list or HAVING"),
     ],
 )
 def test_load_errors_name_the_file_line_view_and_cause(spark, query, cause):
