@@ -50,6 +50,14 @@ class Rel:
     def named(self, qualifier: str | None) -> "Rel":
         return Rel(self.stream, [Col(qualifier, c.name, c.internal) for c in self.cols], self.types)
 
+    def renamed(self, names: list[str]) -> "Rel":
+        """The columns named ``names`` (a column list: ``AS t (a, b)``, ``WITH t (a, b) AS``), if any."""
+        if not names:
+            return self
+        if len(names) != len(self.cols):
+            raise SqlError(f"the column list ({', '.join(names)}) names {len(names)} columns of {len(self.cols)}; name each once")
+        return Rel(self.stream, [Col(c.qualifier, n, c.internal) for c, n in zip(self.cols, names)], self.types)
+
     def schema(self) -> T.StructType:
         return T.StructType([T.StructField(c.internal, self.types[c.internal]) for c in self.cols])
 
@@ -153,7 +161,7 @@ class _Compiler:
         self.ctes.append({})
         try:
             for cte in with_.expressions if with_ else []:
-                self.ctes[-1][cte.alias_or_name.lower()] = self.query(cte.this, outer).named(None)
+                self.ctes[-1][cte.alias_or_name.lower()] = self.query(cte.this, outer).named(None).renamed(cte.alias_column_names)
             if isinstance(node, exp.Select):
                 return self.select(node, outer)
             if isinstance(node, (exp.Union, exp.Except, exp.Intersect)):
@@ -260,6 +268,7 @@ class _Compiler:
             qualifier = node.alias or None
         else:
             raise SqlError(f"not supported in FROM: {node.sql(DIALECT)[:60]}")
+        base = base.renamed(node.alias_column_names)
         cols = [Col(qualifier, c.name, self.fresh()) for c in base.cols]
         stream = base.stream.select(*[F.col(b.internal).alias(c.internal) for b, c in zip(base.cols, cols)])
         return Rel(stream, cols, {c.internal: base.types[b.internal] for b, c in zip(base.cols, cols)})

@@ -63,6 +63,9 @@ CREATE MATERIALIZED VIEW not_exists_sub AS
   SELECT k, s FROM a WHERE NOT EXISTS (SELECT * FROM b WHERE b.k = a.k);
 CREATE MATERIALIZED VIEW in_correlated AS
   SELECT k, v FROM a WHERE v IN (SELECT x FROM b WHERE b.k = a.k);
+CREATE MATERIALIZED VIEW column_lists AS
+  WITH per_key (key, top) AS (SELECT k, max(v) FROM a GROUP BY k)
+  SELECT t.n, count(*) AS keys FROM (SELECT key, top + 1 FROM per_key) AS t (key, n) GROUP BY t.n;
 CREATE TEMPORARY VIEW big AS SELECT k, v FROM a WHERE v >= 2;
 CREATE MATERIALIZED VIEW from_views AS
   SELECT big.k, count(*) AS n FROM big JOIN distinct_rows d ON big.k = d.k GROUP BY big.k;
