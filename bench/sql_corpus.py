@@ -306,9 +306,12 @@ class Runner:
             self.spark.createDataFrame(rows[name], schema).createOrReplaceTempView(name)
 
 
-def run_corpus(spark, title: str, queries: list[Query], schemas: dict[str, str], args) -> Counter:
+def run_corpus(spark, title: str, corpus: list[Query], schemas: dict[str, str], args) -> Counter:
+    """Runs the queries of ``corpus`` that ``--only`` names (all by default) over data drawn
+    from the whole corpus's literals, so a query sees the same data either way."""
+    queries = [q for q in corpus if not args.only or q.name in args.only]
     runner = Runner(spark, schemas, args.workers)
-    rows = Rows(args.seed, queries)
+    rows = Rows(args.seed, corpus)
     steps = steps_of(rows, runner.schemas, args.steps, args.rows)
     print(f"== {title}: {len(queries)} queries, {args.steps} steps of {args.rows} (+{args.rows // 5} repeated) rows a table")
     counts: Counter = Counter()
@@ -352,8 +355,7 @@ def main() -> None:
         parser.error("name a corpus: --tpch FILE and/or --nexmark DIR (see the module's docstring for where to get them)")
     spark = local_session(2)
     for title, queries, schemas in corpora:
-        chosen = [q for q in queries if not args.only or q.name in args.only]
-        summary(run_corpus(spark, title, chosen, schemas, args))
+        summary(run_corpus(spark, title, queries, schemas, args))
 
 
 if __name__ == "__main__":
