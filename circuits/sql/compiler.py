@@ -50,6 +50,16 @@ class Rel:
     def named(self, qualifier: str | None) -> Rel:
         return Rel(self.stream, [Col(qualifier, c.name, c.internal) for c in self.cols], self.types)
 
+    def renamed(self, names: list[str]) -> Rel:
+        """The columns named ``names`` (a column list: ``AS t (a, b)``, ``WITH t (a, b) AS``), if any."""
+        if not names:
+            return self
+        if len(names) != len(self.cols):
+            raise SqlError(
+                f"the column list ({', '.join(names)}) names {len(names)} columns of {len(self.cols)}; name each once"
+            )
+        return Rel(self.stream, [Col(c.qualifier, n, c.internal) for c, n in zip(self.cols, names)], self.types)
+
     def schema(self) -> T.StructType:
         return T.StructType([T.StructField(c.internal, self.types[c.internal]) for c in self.cols])
 
@@ -153,7 +163,9 @@ class _Compiler:
         self.ctes.append({})
         try:
             for cte in with_.expressions if with_ else []:
-                self.ctes[-1][cte.alias_or_name.lower()] = self.query(cte.this, outer).named(None)
+                self.ctes[-1][cte.alias_or_name.lower()] = (
+                    self.query(cte.this, outer).named(None).renamed(cte.alias_column_names)
+                )
             if isinstance(node, exp.Select):
                 return self.select(node, outer)
             if isinstance(node, (exp.Union, exp.Except, exp.Intersect)):
@@ -187,6 +199,12 @@ class _Compiler:
     def select(self, node: exp.Select, outer: _Scope | None) -> Rel:
         if node.args.get("from_") is None:
             raise SqlError("SELECT without FROM is not supported; read a table")
+        for e in [*node.expressions, node.args.get("having")]:
+            if e is not None and _has_subquery(e):
+                raise SqlError(
+                    f"a subquery in the select list or HAVING is not supported: {e.sql(DIALECT)[:80]}; "
+                    "join with it in FROM instead"
+                )
         rel = self.from_(node, outer)
         scope = _Scope(rel.cols, outer, {e.alias.lower(): e.this for e in node.expressions if isinstance(e, exp.Alias)})
         where = node.args.get("where")
@@ -241,9 +259,14 @@ class _Compiler:
 
     # FROM and joins
     def from_(self, node: exp.Select, outer: _Scope | None) -> Rel:
+        where = node.args.get("where")
+        # ``FROM a, b WHERE a.k = b.k`` keys the join by the WHERE's equalities: as a join
+        # with no key it would be a cross product read whole on every change.  The WHERE
+        # is still applied whole after the joins, so taking them here changes no result.
+        implied = [c for c in _conjuncts(where.this if where else None) if not _has_subquery(c)]
         rel = self.source(node.args["from_"].this, outer)
         for join in node.args.get("joins") or []:
-            rel = self.join(rel, self.source(join.this, outer), join)
+            rel = self.join(rel, self.source(join.this, outer), join, implied)
         return rel
 
     def source(self, node: exp.Expression, outer: _Scope | None) -> Rel:
@@ -255,6 +278,7 @@ class _Compiler:
             qualifier = node.alias or None
         else:
             raise SqlError(f"not supported in FROM: {node.sql(DIALECT)[:60]}")
+        base = base.renamed(node.alias_column_names)
         cols = [Col(qualifier, c.name, self.fresh()) for c in base.cols]
         stream = base.stream.select(*[F.col(b.internal).alias(c.internal) for b, c in zip(base.cols, cols)])
         return Rel(stream, cols, {c.internal: base.types[b.internal] for b, c in zip(base.cols, cols)})
@@ -275,7 +299,9 @@ class _Compiler:
             self.inputs[name], [Col(None, f.name, f.name) for f in schema.fields], {f.name: f.dataType for f in schema}
         )
 
-    def join(self, left: Rel, right: Rel, node: exp.Join) -> Rel:
+    def join(self, left: Rel, right: Rel, node: exp.Join, implied: list[exp.Expression]) -> Rel:
+        """``left`` joined with ``right`` as ``node`` says; an inner join without ``ON`` is
+        keyed by the equalities between the two sides among ``implied`` (the WHERE's conjuncts)."""
         if node.args.get("using") or node.method:
             raise SqlError(f"not supported: {node.method or 'USING'} join; write the condition with ON")
         kind, side = (node.kind or "").upper(), (node.side or "").upper()
@@ -288,6 +314,8 @@ class _Compiler:
             raise SqlError(f"not supported: {kind} JOIN")
         both = _Scope([*left.cols, *right.cols])
         pairs, rest = _split_equalities(_conjuncts(condition), _Scope(left.cols), _Scope(right.cols))
+        if condition is None and how == "inner":
+            pairs = _split_equalities(implied, _Scope(left.cols), _Scope(right.cols))[0]
         pairs = [(self.resolve(a, both), self.resolve(b, both)) for a, b in pairs]
         residual = self.resolve(exp.and_(*rest), both) if rest else None
         return self.keyed_join(left, right, pairs, residual, how)
@@ -322,10 +350,7 @@ class _Compiler:
             inner = c.this if isinstance(c, exp.Not) else c
             if isinstance(inner, exp.Exists) or (isinstance(inner, exp.In) and inner.args.get("query")):
                 subqueries.append((inner, isinstance(c, exp.Not)))
-            elif any(
-                isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and n.args.get("query"))
-                for n in c.walk()
-            ):
+            elif _has_subquery(c):
                 raise SqlError(f"a subquery is supported only as a conjunct of WHERE: {c.sql(DIALECT)[:80]}")
             else:
                 plain.append(c)
@@ -457,6 +482,12 @@ class _Compiler:
 
 def _columns(e: exp.Expression) -> list[exp.Column]:
     return [c for c in e.find_all(exp.Column) if not isinstance(c.this, exp.Star)]
+
+
+def _has_subquery(e: exp.Expression) -> bool:
+    return any(
+        isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and n.args.get("query")) for n in e.walk()
+    )
 
 
 def _conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:

@@ -63,6 +63,9 @@ CREATE MATERIALIZED VIEW not_exists_sub AS
   SELECT k, s FROM a WHERE NOT EXISTS (SELECT * FROM b WHERE b.k = a.k);
 CREATE MATERIALIZED VIEW in_correlated AS
   SELECT k, v FROM a WHERE v IN (SELECT x FROM b WHERE b.k = a.k);
+CREATE MATERIALIZED VIEW column_lists AS
+  WITH per_key (key, top) AS (SELECT k, max(v) FROM a GROUP BY k)
+  SELECT t.n, count(*) AS keys FROM (SELECT key, top + 1 FROM per_key) AS t (key, n) GROUP BY t.n;
 CREATE TEMPORARY VIEW big AS SELECT k, v FROM a WHERE v >= 2;
 CREATE MATERIALIZED VIEW from_views AS
   SELECT big.k, count(*) AS n FROM big JOIN distinct_rows d ON big.k = d.k GROUP BY big.k;
@@ -112,6 +115,11 @@ def test_sql_views_equal_spark_batch_sql(spark, circuit, workers, steps):
         ("SELECT array(k) + 1 AS wrong FROM a", "DATATYPE_MISMATCH"),
         ("SELECT k, stddev(v) AS sd FROM a GROUP BY k", "stddev"),
         ("SELECT k, v FROM a WHERE k = 1 OR v IN (SELECT x FROM b)", "subquery is supported only as a conjunct"),
+        (
+            "SELECT k FROM a GROUP BY k HAVING count(*) > (SELECT count(*) FROM b)",
+            "subquery in the select list or HAVING",
+        ),
+        ("SELECT k, (SELECT max(x) FROM b) AS top FROM a", "subquery in the select list or HAVING"),
     ],
 )
 def test_load_errors_name_the_file_line_view_and_cause(spark, query, cause):
@@ -144,3 +152,15 @@ def test_sql_semantics_hypothesis_may_miss(spark, circuit):
         return {name: ("integral", z) for name, z in batch.items()}
 
     run_and_compare(spark, circuit, steps, 1, expected)
+
+
+def test_comma_join_is_keyed_by_the_where_equalities(spark):
+    """``FROM a, b WHERE a.k = b.k`` compiles to the circuit of ``a JOIN b ON a.k = b.k``
+    (then the same WHERE), not to a cross product keyed by a constant that every step
+    would read whole (TPC-H writes its joins this way)."""
+    where = "WHERE a.k = b.k AND a.v IN (SELECT x FROM b) AND b.x > 1"
+    comma = compile_sql(f"CREATE MATERIALIZED VIEW j AS SELECT a.s, b.d FROM a, b {where};", SCHEMAS, spark)
+    keyed = compile_sql(
+        f"CREATE MATERIALIZED VIEW j AS SELECT a.s, b.d FROM a JOIN b ON a.k = b.k {where};", SCHEMAS, spark
+    )
+    assert comma.fingerprint() == keyed.fingerprint()

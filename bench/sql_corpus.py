@@ -1,0 +1,384 @@
+"""A public SQL corpus through the SQL front end: which queries compile, which are refused
+(and why), and whether every compiled one equals Spark batch SQL of the same text.
+
+Each query is wrapped as ``CREATE MATERIALIZED VIEW``, compiled alone (``compile_sql``) and
+run for ``--steps`` steps of generated inserts and deletes (tens of rows per table, with
+NULLs and duplicates; later steps delete present rows). At every step the integral of the
+view's outputs is compared with Spark batch SQL of the query over the integrated inputs.
+Each query ends in one of five outcomes:
+
+- ``match``: compiled, and equal to Spark batch SQL at every step (the view's row count
+  at each step is printed, to show the data reached it);
+- ``mismatch``: compiled, but differs at some step (a compiler bug: the query, the step
+  and the rows missing and extra are printed);
+- ``refused``: Spark analyses the query, but the compiler refuses it (its ``SqlError``);
+- ``not Spark SQL``: Spark itself rejects the query (another dialect's construct);
+- ``error``: compiled, but a step failed (a compiler bug too: it should have been refused).
+
+The query files are third-party and are not in this repository; name them on the command
+line (both are plain files in public repositories):
+
+- ``--tpch FILE``: sqlglot's ``tests/fixtures/optimizer/tpc-h/tpc-h.sql`` (MIT; TPC-H's 22
+  queries with the specification's validation parameters, each followed by sqlglot's
+  optimized form, which is skipped);
+- ``--nexmark DIR``: the ``nexmark-flink/src/main/resources/queries`` folder of the Nexmark
+  benchmark's repository (``nexmark/nexmark``, Apache-2.0; Flink SQL): each ``qN.sql``'s
+  ``INSERT INTO sink SELECT ...`` becomes the materialized view ``sink`` and its
+  ``CREATE VIEW``s temporary views; ``CREATE TABLE`` (sink DDL) is dropped.
+
+A top-level ``ORDER BY`` without ``LIMIT`` is dropped (a view is a set; the order is only
+presentation) and counted; ``ORDER BY ... LIMIT`` stays and is refused. Nothing else is
+rewritten: Flink-only constructs (window TVFs, ``PROCTIME()``) are reported as they are.
+
+    python bench/sql_corpus.py --tpch tpc-h.sql --nexmark queries/ --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import decimal
+import os
+import random
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlglot
+from pyspark.errors import PySparkException
+from pyspark.sql import types as T
+from sqlglot import exp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from circuits import InMemoryStateStore, StepRunner, from_rows
+from circuits.errors import DbspError
+from circuits.spark import local_session
+from circuits.sql import SqlError, compile_sql
+from circuits.sql.parse import DIALECT
+from circuits.sql.parse import _statements as split_statements
+from circuits.zset import parse_schema
+
+TPCH = {
+    "nation": "n_nationkey bigint, n_name string, n_regionkey bigint, n_comment string",
+    "region": "r_regionkey bigint, r_name string, r_comment string",
+    "part": "p_partkey bigint, p_name string, p_mfgr string, p_brand string, p_type string, p_size int, "
+    "p_container string, p_retailprice decimal(15,2), p_comment string",
+    "supplier": "s_suppkey bigint, s_name string, s_address string, s_nationkey bigint, s_phone string, "
+    "s_acctbal decimal(15,2), s_comment string",
+    "partsupp": "ps_partkey bigint, ps_suppkey bigint, ps_availqty int, ps_supplycost decimal(15,2), ps_comment string",
+    "customer": "c_custkey bigint, c_name string, c_address string, c_nationkey bigint, c_phone string, "
+    "c_acctbal decimal(15,2), c_mktsegment string, c_comment string",
+    "orders": "o_orderkey bigint, o_custkey bigint, o_orderstatus string, o_totalprice decimal(15,2), o_orderdate date, "
+    "o_orderpriority string, o_clerk string, o_shippriority int, o_comment string",
+    "lineitem": "l_orderkey bigint, l_partkey bigint, l_suppkey bigint, l_linenumber int, l_quantity decimal(15,2), "
+    "l_extendedprice decimal(15,2), l_discount decimal(15,2), l_tax decimal(15,2), l_returnflag string, "
+    "l_linestatus string, l_shipdate date, l_commitdate date, l_receiptdate date, l_shipinstruct string, "
+    "l_shipmode string, l_comment string",
+}
+"""TPC-H's eight tables (specification 2.4), with Spark's types."""
+
+NEXMARK = {
+    "person": "id bigint, name string, emailAddress string, creditCard string, city string, state string, "
+    "dateTime timestamp, extra string",
+    "auction": "id bigint, itemName string, description string, initialBid bigint, reserve bigint, dateTime timestamp, "
+    "expires timestamp, seller bigint, category bigint, extra string",
+    "bid": "auction bigint, bidder bigint, price bigint, channel string, url string, dateTime timestamp, extra string",
+}
+"""The Nexmark repository's ``ddl_views.sql`` views, as tables."""
+
+
+@dataclass
+class Query:
+    name: str
+    views: str
+    """A views file: the query as ``CREATE MATERIALIZED VIEW``, after any temporary views."""
+    order_dropped: bool = False
+
+
+def _statements(text: str) -> list[str]:
+    """``text``'s statements, split as the front end splits a views file."""
+    return [statement.strip() for statement, _ in split_statements(text, "<corpus>")]
+
+
+def _without_order(select: str) -> tuple[str, bool]:
+    """``select`` less its top-level ``ORDER BY``, when it has no ``LIMIT``."""
+    try:
+        tree = sqlglot.parse_one(select, read=DIALECT)
+    except sqlglot.errors.ParseError:
+        return select, False
+    if tree.args.get("order") is None or tree.args.get("limit") is not None:
+        return select, False
+    tree.set("order", None)
+    return tree.sql(dialect=DIALECT), True
+
+
+def _materialized(name: str, select: str) -> Query:
+    select, dropped = _without_order(select)
+    return Query(name, f"CREATE MATERIALIZED VIEW {name} AS\n{select};", dropped)
+
+
+def tpch_queries(path: Path) -> list[Query]:
+    """The first statement after each ``-- TPC-H N`` banner (sqlglot's optimized form follows it)."""
+    sections = re.split(r"^-+\n-- TPC-H (\d+)\n-+\n", path.read_text(), flags=re.MULTILINE)
+    return [
+        _materialized(f"tpch_q{number}", _statements(body)[0]) for number, body in zip(sections[1::2], sections[2::2])
+    ]
+
+
+def nexmark_queries(folder: Path) -> list[Query]:
+    def number(p: Path) -> int:
+        return int(p.stem[1:])
+
+    return [_nexmark_query(p) for p in sorted(folder.glob("q[0-9]*.sql"), key=number)]
+
+
+def _nexmark_query(path: Path) -> Query:
+    temporary, query = [], None
+    for statement in _statements(re.sub(r"--[^\n]*", "", path.read_text())):
+        head = statement[:200].upper()
+        if head.startswith("CREATE VIEW"):
+            temporary.append(re.sub(r"^CREATE VIEW", "CREATE TEMPORARY VIEW", statement, flags=re.IGNORECASE) + ";")
+        elif head.startswith("INSERT INTO"):
+            sink, select = re.match(
+                r"INSERT\s+INTO\s+(\w+)\s+(.*)", statement, flags=re.DOTALL | re.IGNORECASE
+            ).groups()
+            query = _materialized(sink, select)
+    return Query(query.name, "\n".join([*temporary, query.views]), query.order_dropped)
+
+
+class Rows:
+    """Random rows of a schema whose values collide: integers are mostly small (so keys
+    join), and a column that the corpus compares with a literal takes that literal (or a
+    date near it) half of the time (so filters match); one value in ten is NULL."""
+
+    def __init__(self, seed: int, queries: list[Query]) -> None:
+        self.random = random.Random(seed)
+        self.literals: dict[str, list[str]] = {}
+        for query in queries:
+            for tree in _parsed(query.views):
+                self._collect(tree)
+
+    def _collect(self, tree: exp.Expression) -> None:
+        """Each literal a column is compared with directly (``=``, ``<``, ``LIKE``, ``IN``, ``BETWEEN``)."""
+        for node in tree.find_all(exp.Predicate):
+            sides = [
+                node.this,
+                *(node.args.get(k) for k in ("expression", "low", "high")),
+                *node.args.get("expressions", []),
+            ]
+            sides = [s.this if isinstance(s, exp.Cast) else s for s in sides if s is not None]
+            columns = [s.name.lower() for s in sides if isinstance(s, exp.Column)]
+            texts = [s.this for s in sides if isinstance(s, exp.Literal)]
+            if isinstance(node, exp.Like):
+                texts = [t.replace("%", "x").replace("_", "y") for t in texts]
+            if columns and texts:
+                self.literals.setdefault(columns[0], []).extend(texts)
+
+    def row(self, schema: T.StructType) -> tuple:
+        return tuple(None if self.random.random() < 0.1 else self.value(f) for f in schema.fields)
+
+    def value(self, field: T.StructField):
+        pick, kind = self.random, field.dataType
+        literal = pick.choice(self.literals[field.name.lower()]) if field.name.lower() in self.literals else None
+        literal = literal if pick.random() < 0.5 else None
+        if isinstance(kind, (T.IntegerType, T.LongType)):
+            return int(literal) if literal and literal.isdigit() else pick.randint(0, 4)
+        if isinstance(kind, T.DecimalType):
+            return decimal.Decimal(
+                literal if literal and re.fullmatch(r"\d+(\.\d+)?", literal) else pick.choice(DECIMALS)
+            )
+        if isinstance(kind, T.DateType):
+            day = _date(literal) or datetime.date(1995, 1, 1)
+            return day + datetime.timedelta(days=pick.randint(-100, 100))
+        if isinstance(kind, T.TimestampType):
+            return datetime.datetime(2026, 11, 26, pick.choice([3, 9, 21])) + datetime.timedelta(
+                seconds=pick.randint(0, 30)
+            )
+        return literal if literal is not None else pick.choice(["x", "y", "Google", "Apple"])
+
+
+DECIMALS = ["0.05", "0.06", "0.07", "0.10", "1.00", "23.00", "24.00", "1000.50"]
+
+
+def _date(text: str | None) -> datetime.date | None:
+    try:
+        return datetime.date.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+
+
+def _parsed(views: str) -> list[exp.Expression]:
+    """The views' parse trees that sqlglot can read (others add no literals)."""
+    trees = []
+    for statement in _statements(views):
+        try:
+            trees.append(sqlglot.parse_one(statement, read=DIALECT))
+        except sqlglot.errors.ParseError:
+            continue
+    return trees
+
+
+def steps_of(rows: Rows, schemas: dict[str, T.StructType], count: int, size: int) -> list[dict[str, list[tuple]]]:
+    """``count`` steps: inserts of ``size`` rows a table (a row repeated now and then) and,
+    after the first, deletes of about a third of the present rows."""
+    present = {name: [] for name in schemas}
+    steps = []
+    for _ in range(count):
+        step = {}
+        for name, schema in schemas.items():
+            inserts = [rows.row(schema) for _ in range(size)]
+            inserts += rows.random.sample(inserts, size // 5)
+            deletes = rows.random.sample(present[name], len(present[name]) // 3)
+            for row in deletes:
+                present[name].remove(row)
+            present[name] += inserts
+            step[name] = [(*r, 1) for r in inserts] + [(*r, -1) for r in deletes]
+        steps.append(step)
+    return steps
+
+
+def _views(text: str) -> list[tuple[str, bool, str]]:
+    """Each view of a corpus query's views file (name, materialized, query text), in file
+    order, read without the compiler's parser: the oracle runs whatever Spark accepts."""
+    heads = [
+        re.match(r"CREATE\s+(MATERIALIZED|TEMPORARY)\s+VIEW\s+(\w+)\s+AS\s+(.*)", s, re.DOTALL | re.IGNORECASE)
+        for s in _statements(text)
+    ]
+    return [(m.group(2), m.group(1).upper() == "MATERIALIZED", m.group(3)) for m in heads]
+
+
+def _add(into: Counter, rows: list[tuple]) -> None:
+    """Adds weighted rows (the weight last) into a Z-set kept as a Counter."""
+    for *row, weight in rows:
+        into[tuple(row)] += weight
+
+
+def _reason(error: Exception) -> str:
+    """An error's cause without its location, cut to its first sentence: the key the summary counts by."""
+    message = re.sub(r"^.*?, view '[^']*': ", "", str(error).strip().splitlines()[0])
+    return re.sub(r"\s*SQLSTATE.*$", "", message.split("; ")[0])[:140]
+
+
+class Runner:
+    def __init__(self, spark, schemas: dict[str, str], workers: int) -> None:
+        self.spark = spark
+        self.schemas = {name: parse_schema(s) for name, s in schemas.items()}
+        self.workers = workers
+
+    def spark_rejects(self, query: Query) -> str | None:
+        """Spark's own analysis of the query's views over empty tables: its error, if any."""
+        try:
+            self.batch(query, {})
+        except PySparkException as e:
+            return _reason(e)
+        return None
+
+    def outcome(self, query: Query, steps: list[dict[str, list[tuple]]]) -> tuple[str, str]:
+        try:
+            circuit = compile_sql(query.views, self.schemas, self.spark, file=query.name)
+        except SqlError as e:
+            rejected = self.spark_rejects(query)
+            return ("not Spark SQL", rejected) if rejected else ("refused", _reason(e))
+        try:
+            return self.run(query, circuit, steps)
+        except (PySparkException, DbspError) as e:
+            return "error", f"{type(e).__name__}: {_reason(e)}"
+
+    def run(self, query: Query, circuit, steps: list[dict[str, list[tuple]]]) -> tuple[str, str]:
+        """``match`` (with the rows of the view at each step), or ``mismatch`` and where."""
+        runner = StepRunner(circuit, self.spark, InMemoryStateStore(), workers=self.workers)
+        sizes = []
+        integrated = {name: Counter() for name in circuit.inputs}
+        produced = {name: Counter() for name in circuit.outputs}
+        for t, step in enumerate(steps):
+            inputs = {n: from_rows(self.spark, step[n], circuit.inputs[n]) for n in circuit.inputs if step[n]}
+            for name, rows in runner.step(inputs).collect_outputs().items():
+                _add(produced[name], rows)
+            for name in circuit.inputs:
+                _add(integrated[name], step[name])
+            for name, rows in self.batch(query, integrated).items():
+                sizes.append(sum(rows.values()))
+                got = Counter({row: w for row, w in produced[name].items() if w})
+                if got != rows:
+                    return "mismatch", f"step {t}, view {name}: missing {dict(rows - got)}, extra {dict(got - rows)}"
+        return "match", f"rows at each step {sizes}"
+
+    def batch(self, query: Query, integrated: dict[str, Counter]) -> dict[str, Counter]:
+        """Spark batch SQL of each materialized view's text over the integrated inputs."""
+        self._tables({name: list(integrated.get(name, Counter()).elements()) for name in self.schemas})
+        results = {}
+        for name, materialized, select in _views(query.views):
+            frame = self.spark.sql(select)
+            frame.createOrReplaceTempView(name)
+            if materialized:
+                results[name] = Counter(tuple(r) for r in frame.collect())
+        return results
+
+    def _tables(self, rows: dict[str, list[tuple]]) -> None:
+        for name, schema in self.schemas.items():
+            self.spark.createDataFrame(rows[name], schema).createOrReplaceTempView(name)
+
+
+def run_corpus(spark, title: str, corpus: list[Query], schemas: dict[str, str], args) -> Counter:
+    """Runs the queries of ``corpus`` that ``--only`` names (all by default) over data drawn
+    from the whole corpus's literals, so a query sees the same data either way."""
+    queries = [q for q in corpus if not args.only or q.name in args.only]
+    runner = Runner(spark, schemas, args.workers)
+    rows = Rows(args.seed, corpus)
+    steps = steps_of(rows, runner.schemas, args.steps, args.rows)
+    print(
+        f"== {title}: {len(queries)} queries, {args.steps} steps of {args.rows} (+{args.rows // 5} repeated) rows a table"
+    )
+    counts: Counter = Counter()
+    for query in queries:
+        kind, detail = runner.outcome(query, steps)
+        counts[(kind, detail if kind in ("refused", "not Spark SQL", "error") else "")] += 1
+        dropped = " (ORDER BY dropped)" if query.order_dropped else ""
+        print(f"  {query.name:<14} {kind}{dropped}{': ' + detail if detail else ''}", flush=True)
+        if kind == "mismatch":
+            print("    " + query.views.replace("\n", "\n    "))
+    print(f"  -- ORDER BY dropped in {sum(q.order_dropped for q in queries)} of {len(queries)}")
+    return counts
+
+
+def summary(counts: Counter) -> None:
+    by_kind = Counter()
+    for (kind, _), n in counts.items():
+        by_kind[kind] += n
+    print("  -- " + ", ".join(f"{kind} {n}" for kind, n in sorted(by_kind.items())))
+    for (kind, reason), n in sorted(counts.items(), key=lambda kv: (kv[0][0], -kv[1])):
+        if reason:
+            print(f"     {n:>3} {kind}: {reason}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tpch", type=Path, help="sqlglot's tests/fixtures/optimizer/tpc-h/tpc-h.sql")
+    parser.add_argument(
+        "--nexmark", type=Path, help="the Nexmark repository's nexmark-flink/src/main/resources/queries"
+    )
+    parser.add_argument("--only", nargs="*", help="run only these query names (e.g. tpch_q3 nexmark_q4)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=12, help="rows inserted per table per step")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=27)
+    args = parser.parse_args()
+    corpora = []
+    if args.tpch:
+        corpora.append(("TPC-H", tpch_queries(args.tpch), TPCH))
+    if args.nexmark:
+        corpora.append(("Nexmark (Flink SQL)", nexmark_queries(args.nexmark), NEXMARK))
+    if not corpora:
+        parser.error(
+            "name a corpus: --tpch FILE and/or --nexmark DIR (see the module's docstring for where to get them)"
+        )
+    spark = local_session(2)
+    for title, queries, schemas in corpora:
+        summary(run_corpus(spark, title, queries, schemas, args))
+
+
+if __name__ == "__main__":
+    main()
