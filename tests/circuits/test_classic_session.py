@@ -16,6 +16,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 PROPERTY_TESTS = ["tests/circuits/test_operators.py", "tests/circuits/test_views.py"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get(CLASSIC)), reason="this run is the classic one")
 def test_the_property_tests_pass_on_a_classic_session():
     run = subprocess.run(

@@ -24,6 +24,7 @@ def counting_circuit() -> Circuit:
     return c
 
 
+@pytest.mark.slow
 def test_delta_with_a_wrongly_typed_column_names_input_and_column(spark):
     runner = StepRunner(counting_circuit(), spark, InMemoryStateStore())
     bad = from_rows(spark, [("a", "1", 1)], "word string, n string")

@@ -136,6 +136,7 @@ def run(spark, steps_records, workers, restart_at):
     return dict(emitted), dead
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2, 4])
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(split=split_messages())
@@ -170,6 +171,7 @@ def test_an_unserialisable_initial_state_is_refused_when_deployed(spark):  # bui
         deploy(pipeline, "bad_init")
 
 
+@pytest.mark.slow
 def test_the_order_workflow_moves_each_order_on_and_reports_invalid_transitions(spark):
     circuit = order_workflow()
     runner = StepRunner(circuit, spark, InMemoryStateStore(), workers=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
@@ -98,6 +99,7 @@ def expected(t: int, deltas: list[dict[str, Counter]], integrated: dict[str, Cou
     }
 
 
+@pytest.mark.slow
 @at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}))
 def test_every_operator_equals_recomputation(spark, workers, steps):
     run_and_compare(spark, kitchen_sink(), steps, workers, expected)

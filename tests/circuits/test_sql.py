@@ -97,6 +97,7 @@ def circuit(spark):
     return compile_sql(VIEWS, SCHEMAS, spark)
 
 
+@pytest.mark.slow
 @at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
 def test_sql_views_equal_spark_batch_sql(spark, circuit, workers, steps):
     views = parse_views(VIEWS)
@@ -130,6 +131,7 @@ def test_load_errors_name_the_file_line_view_and_cause(spark, query, cause):
     assert message.startswith("views.sql:3, view 'bad': ") and cause.lower() in message.lower()
 
 
+@pytest.mark.slow
 def test_sql_semantics_hypothesis_may_miss(spark, circuit):
     """Fixed steps for the rules that random data may not reach: a global aggregate has its
     one row from the first step, with no input; one NULL among ``NOT IN``'s values removes

@@ -18,6 +18,7 @@ def compiled(spark):
     return nexmark_sql_circuit(spark)
 
 
+@pytest.mark.slow
 @at_every_worker_count(
     insert_delete_steps(
         {"persons": nexmark_rows("persons"), "auctions": nexmark_rows("auctions"), "bids": nexmark_rows("bids")},

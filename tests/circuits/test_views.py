@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import strategies as st
 
 from circuits.library import NexmarkGenerator, nexmark_circuit, word_count
@@ -62,6 +63,7 @@ def nexmark_expected(t, deltas, integrated):
     }
 
 
+@pytest.mark.slow
 @at_every_worker_count(
     insert_delete_steps(
         {"persons": nexmark_rows("persons"), "auctions": nexmark_rows("auctions"), "bids": nexmark_rows("bids")},
@@ -89,6 +91,7 @@ def word_count_expected(t, deltas, integrated):
     }
 
 
+@pytest.mark.slow
 @at_every_worker_count(insert_delete_steps({"upper": words, "lower": words}))
 def test_word_count_equals_recomputation(spark, workers, steps):
     run_and_compare(spark, word_count(), steps, workers, word_count_expected)

@@ -51,6 +51,7 @@ def browser(tmp_path):
         driver.quit()
 
 
+@pytest.mark.slow
 def test_backfill_of_two_steps_launched_from_the_asset_page(spark_resource, broker, tmp_path, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as shown

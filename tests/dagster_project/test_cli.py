@@ -64,6 +64,7 @@ def demo_env(tmp_path):
         stop_daemons(config, env)
 
 
+@pytest.mark.slow
 def test_the_installed_command_runs_without_an_activated_venv(tmp_path, demo_env):
     env = demo_env
     helped = subprocess.run([DBSP, "--help"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -105,6 +106,7 @@ def run_in_terminal(command: list[str], env: dict, cwd, timeout: float) -> tuple
         process.kill()
 
 
+@pytest.mark.slow
 def test_the_demo_shows_progress_a_line_per_step_and_logs_the_rest(tmp_path, demo_env, spark_resource):
     config = demo_config(tmp_path, spark_resource, "demo")
     code, output = run_in_terminal(
@@ -139,6 +141,7 @@ def test_the_demo_shows_progress_a_line_per_step_and_logs_the_rest(tmp_path, dem
     assert all(line in text for line in steps)
 
 
+@pytest.mark.slow
 def test_the_demo_prints_plain_lines_when_not_on_a_terminal(tmp_path, demo_env, spark_resource):
     config = demo_config(tmp_path, spark_resource, "plain")
     done = subprocess.run(
@@ -164,6 +167,7 @@ CREATE MATERIALIZED VIEW sellers AS SELECT DISTINCT p.state FROM persons p JOIN 
 """
 
 
+@pytest.mark.slow
 def test_the_demo_runs_the_views_of_a_sql_file_and_checks_each(tmp_path, demo_env, spark_resource):
     config = demo_config(tmp_path, spark_resource, "sqldemo")
     (tmp_path / "mine.sql").write_text(VIEWS)
@@ -184,6 +188,7 @@ def test_the_demo_runs_the_views_of_a_sql_file_and_checks_each(tmp_path, demo_en
     ], lines
 
 
+@pytest.mark.slow
 def test_a_sql_file_spark_cannot_analyse_fails_the_demo_before_anything_is_written(tmp_path, demo_env, spark_resource):
     config = demo_config(tmp_path, spark_resource, "badsql")
     (tmp_path / "bad.sql").write_text(VIEWS.replace("sum(price)", "sum(prize)"))
@@ -242,6 +247,7 @@ def dev_config(tmp_path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_dbsp_dev_and_everything_it_started_within_10_s(tmp_path):
     config, port = dev_config(tmp_path), free_port()
     env = minimal_env(tmp_path, DBSP_CONFIG=str(config))
@@ -322,6 +328,7 @@ def served_jobs(port: int) -> set[str]:
     return {job["name"] for node in nodes for job in node["jobs"]}
 
 
+@pytest.mark.slow
 def test_dbsp_dev_serves_the_configuration_given_with_config(tmp_path):
     settings = yaml.safe_load(dev_config(tmp_path).read_text())
     for pipeline in settings["pipelines"]:

@@ -100,6 +100,7 @@ def lines(rows: list[dict]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
+@pytest.mark.slow
 def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kill(
     spark_resource, spark, broker, tmp_path, instance, monkeypatch, gateways
 ):
@@ -238,6 +239,7 @@ def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, b
             gateway.stop()
 
 
+@pytest.mark.slow
 def test_a_gateway_killed_before_its_first_flush_leaves_every_line_once_and_in_order(
     spark_resource, spark, broker, tmp_path, instance, monkeypatch, gateways, capfd
 ):

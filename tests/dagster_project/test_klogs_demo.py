@@ -40,6 +40,7 @@ def settings(tmp_path, monkeypatch, spark, spark_resource, broker) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("one_step", [True, False], ids=["one step", "a step per message"])
 def test_the_demo_prints_the_seed_lines(settings, tmp_path, capfd, one_step):
     path = tmp_path / "dbsp.yaml"
@@ -49,6 +50,7 @@ def test_the_demo_prints_the_seed_lines(settings, tmp_path, capfd, one_step):
     assert lines == SEED_LINES  # the producer's order: in one step, by the records' timestamps
 
 
+@pytest.mark.slow
 def test_a_crash_after_the_sink_prints_no_line_twice(settings, monkeypatch, capfd):
     with instance_for_test() as instance:
         crash_and_recover(Demo(demo_project(parse_project(settings, "test"), "crash"), instance), monkeypatch, capfd)
@@ -68,6 +70,7 @@ def crash_and_recover(demo: Demo, monkeypatch, capfd) -> None:
     assert Counter(capfd.readouterr().out.splitlines()) == Counter(SEED_LINES)
 
 
+@pytest.mark.slow
 def test_a_retraction_or_malformed_record_in_a_keyed_log_is_a_dead_letter(settings, capfd):
     with instance_for_test() as instance:
         demo = Demo(demo_project(parse_project(settings, "test"), "bad"), instance)

@@ -30,6 +30,7 @@ def versions(root: str) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow
 def test_steps_from_kafka_through_dagster_equal_recomputation(spark_resource, spark, broker, tmp_path, instance):
     h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource)
     for produce in ({"count": 300}, {"count": 200, "deletes": 15}, {"count": 100, "deletes": 30}):
@@ -55,6 +56,7 @@ def test_steps_from_kafka_through_dagster_equal_recomputation(spark_resource, sp
     assert set(instance.get_dynamic_partitions(f"{h.name}_steps")) == {f"{s:010d}" for s in range(3)}
 
 
+@pytest.mark.slow
 def test_backfill_is_one_run_reruns_change_nothing_and_gaps_are_named(
     spark_resource, spark, broker, tmp_path, instance
 ):
@@ -105,6 +107,7 @@ def test_malformed_records_go_to_the_dead_letter_table(spark_resource, spark, br
     assert integral(h.pipeline(spark).outputs.read("bids_by_category", 0, 0)) == h.expected_revenue()
 
 
+@pytest.mark.slow
 def test_a_broker_that_is_down_skips_and_records_nothing(spark_resource, tmp_path, instance):
     with LocalBroker() as gone:
         bootstrap = gone.bootstrap
@@ -115,6 +118,7 @@ def test_a_broker_that_is_down_skips_and_records_nothing(spark_resource, tmp_pat
     assert status(h.root).divided_step == 0 and not os.path.exists(os.path.join(h.root, "_divisions"))
 
 
+@pytest.mark.slow
 def test_the_rescale_asset_moves_one_share_and_steps_go_on(spark_resource, spark, broker, tmp_path, instance):
     h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource, workers=4)
     h.produce(300)

@@ -5,6 +5,7 @@ and every recorded step is requested."""
 import os
 from collections import Counter
 
+import pytest
 from dagster import DagsterInstance
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -37,6 +38,7 @@ def tick(h: Harness, cursor: str | None, requested: set[str], crash: bool) -> st
     return getattr(result, "cursor", cursor)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(actions=st.lists(ACTIONS, min_size=1, max_size=14), cap=st.integers(1, 40))
 def test_every_offset_is_in_exactly_one_step(broker, spark_resource, tmp_path_factory, actions, cap):

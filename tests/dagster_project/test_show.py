@@ -116,6 +116,7 @@ def test_every_option_has_help(capsys, command):
         assert any(not w.startswith("-") and not w.isupper() for w in entry.split()), entry
 
 
+@pytest.mark.slow
 def test_status_counts_the_dead_letters(config, capsys):
     code = main(["status", "--pipeline", "wc", "--config", config[0]])
     out = capsys.readouterr().out

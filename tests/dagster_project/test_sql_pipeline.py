@@ -139,6 +139,7 @@ def produced(spark, h: Harness) -> dict:
     return tables
 
 
+@pytest.mark.slow
 def test_a_sql_pipeline_through_dagster_equals_spark_batch_sql_with_lineage(
     spark_resource, spark, broker, tmp_path, instance
 ):

@@ -38,6 +38,7 @@ def webserver(tmp_path, broker):
         yield port, home, "served"
 
 
+@pytest.mark.slow
 def test_backfill_and_run_launched_through_graphql(spark, spark_resource, broker, tmp_path, webserver):
     port, home, name = webserver
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))

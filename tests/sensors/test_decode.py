@@ -92,6 +92,7 @@ def test_malformed_records_become_dead_letters_and_no_valid_record_is_lost(spark
         decoded.unpersist()
 
 
+@pytest.mark.slow
 def test_records_are_consumed_once(spark):
     with LocalBroker() as local:
         ensure_topics(local.bootstrap, {"once": 1}, timeout=5)
@@ -146,6 +147,7 @@ def large_partition(broker) -> str:
     return topic
 
 
+@pytest.mark.slow
 def test_a_step_of_10000_records_is_read_from_a_large_partition_within_seconds(spark, broker, large_partition):
     # A demo step of 20,000 events holds about 10,000 bids per topic partition.
     ranges = [Range(large_partition, 0, LARGE - 10_000, LARGE)]

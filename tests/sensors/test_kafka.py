@@ -47,6 +47,7 @@ def test_parallel_producers_send_every_record_once(client, new_topic):
     assert sum(high for _low, high in client.offsets([topic]).values()) == 1_001
 
 
+@pytest.mark.slow
 def test_a_produce_that_stops_progressing_reports_what_was_acknowledged():
     with LocalBroker() as local:
         ensure_topics(local.bootstrap, {"t": 1}, timeout=5)

@@ -33,6 +33,7 @@ def records(bootstrap: str, topic: str, count: int) -> list[tuple]:
     return found
 
 
+@pytest.mark.slow
 def test_a_crash_after_publishing_publishes_nothing_twice(broker, new_topic, tmp_path, monkeypatch):
     topic, tokens = new_topic(1), TokenStore(str(tmp_path))
     sink = KafkaSink(broker.bootstrap, topic, local_producer_config(), timeout=5)
@@ -60,6 +61,7 @@ def random_docs(seed: int, steps: int, per_step: int) -> list[list[tuple[str, st
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("crash", [None, "sink_after_publish"])
 def test_a_fan_out_reaches_the_topic_whole(spark, broker, new_topic, tmp_path, monkeypatch, crash):
     """Word counts of "a a b" and of seeded random texts, through a Kafka sink: per word, the

@@ -109,6 +109,7 @@ def executors() -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_killing_an_executor_mid_step_does_not_change_the_output(spark, cluster, tmp_path):
     reference = workload.output_log(workload.drive(spark, str(tmp_path / "local"), 3, STEPS, INTERVAL), STEPS)
     root = str(tmp_path / "cluster")

@@ -67,6 +67,7 @@ def crash(root: str, fault: str | None, kill_after: float | None) -> bool:
     return process.returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_recovery_after_kill_9_matches_a_run_without_crashes(spark, reference, tmp_path):
     crashes, covered, mismatches = 0, set(), 0
     for i, (fault, kill_after) in enumerate(scenarios(RUNS)):
@@ -94,6 +95,7 @@ def test_recovery_after_kill_9_matches_a_run_without_crashes(spark, reference, t
     assert mismatches == 0
 
 
+@pytest.mark.slow
 def test_a_spark_connect_server_that_dies_mid_step_fails_it_and_the_next_run_recovers(spark, reference, tmp_path):
     """A worker process runs the workload over a Spark Connect server of its own, which is
     killed (SIGKILL) as soon as the first checkpoint is committed, while the worker submits

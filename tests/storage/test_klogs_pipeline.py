@@ -154,6 +154,7 @@ def run_docs(spark, root: str, circuit, steps, monkeypatch, crash: str | None) -
         assert pipeline.run() == step + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("crash", [None, "after_sink"])
 @pytest.mark.parametrize("kind", ["function", "delta"])
 def test_a_fan_out_reaches_each_sink_whole_with_one_token_per_message(spark, tmp_path, monkeypatch, kind, crash):

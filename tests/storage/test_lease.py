@@ -25,6 +25,7 @@ def race(root: str, contenders: int) -> tuple[list[tuple[str, int]], list[str]]:
     return won, refused
 
 
+@pytest.mark.slow
 def test_of_runs_racing_for_the_lease_exactly_one_wins(tmp_path):
     for trial in range(10):
         won, refused = race(str(tmp_path / f"t{trial}"), 4)

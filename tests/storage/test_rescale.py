@@ -66,6 +66,7 @@ def assert_files_follow_owners(pipeline: Pipeline) -> None:
             assert len({owners[v] for v in vnodes}) <= 1, (table, sorted(vnodes))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "first, plan",
     [
@@ -79,11 +80,13 @@ def test_outputs_are_identical_to_a_run_without_rescaling(spark, tmp_path, refer
     assert output_log(pipeline, STEPS) == reference
 
 
+@pytest.mark.slow
 def test_a_hot_change_copies_while_steps_run_and_pauses_only_to_switch(spark, tmp_path, reference):
     pipeline = run_with_rescales(spark, str(tmp_path / "p"), 4, {2: (5, "fixed"), 4: (8, "dynamic")}, hot=True)
     assert output_log(pipeline, STEPS) == reference
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, lands_on", [("during_relayout", "old"), ("after_relayout", "new")])
 def test_a_crash_during_a_layout_change_recovers_at_the_old_or_the_new_layout(
     spark, tmp_path, reference, monkeypatch, fault, lands_on

@@ -81,6 +81,7 @@ steps = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps=steps, workers=st.sampled_from([(1, 3), (3, 2)]))
 def test_the_view_is_the_integral_of_its_change_log_across_restarts(spark, small_files, steps, workers):
@@ -129,6 +130,7 @@ def test_a_step_rewrites_only_the_files_its_changes_touch(spark, small_files, tm
     assert table.to_pandas().shape == (39, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["after_output", "after_view", "during_commit", "after_commit"])
 def test_a_crash_at_any_point_of_a_step_leaves_the_view_equal_to_the_committed_log(spark, tmp_path, monkeypatch, point):
     """A crash (raised at the fault point, in this process) between the output
@@ -180,6 +182,7 @@ def test_time_travel_reads_each_committed_step_until_vacuum_and_names_what_is_le
         views.read_view(pipeline.root, "q9")
 
 
+@pytest.mark.slow
 def test_a_negative_total_is_refused_naming_the_rows_and_a_view_can_start_late(spark, tmp_path):
     root = str(tmp_path)
     pipeline = Pipeline(spark, root, circuit(), workers=2, views=["vs"])

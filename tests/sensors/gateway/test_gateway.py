@@ -70,6 +70,7 @@ def topic(broker):
     return name
 
 
+@pytest.mark.slow
 def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, topic, tmp_path):
     landing = tmp_path / "landing"
     landing.mkdir()
@@ -131,6 +132,7 @@ def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, 
         restarted.stop()
 
 
+@pytest.mark.slow
 def test_a_truncated_file_resumes_at_its_generation_after_a_restart(broker, topic, tmp_path):
     """A file truncated and rewritten becomes ``<path>#2``; after a restart the file found
     at that path continues generation 2 at its cursor, rather than being taken for

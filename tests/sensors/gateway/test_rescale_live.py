@@ -230,6 +230,7 @@ def check_view(spark, bootstrap: str, result: dict, root: str) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sources", [200])
 def test_live_rescale_2_3_1_every_line_once_in_order(spark, broker, tmp_path, sources):
     result = grow_and_rescale(broker.bootstrap, tmp_path, sources=sources)
