@@ -29,7 +29,7 @@ from storage.cursors import Cursors
 
 from ..decode import PARTIAL_HEADER, RANGE_HEADER, gateway_range
 from ..errors import BrokerUnavailableError
-from ..kafka import client_config, consumer_config
+from ..kafka import KafkaClient, client_config, consumer_config
 from .pool import Buffer
 
 
@@ -300,10 +300,15 @@ def acknowledged_since(
     A partition of ``topics`` without a read-back offset (no commit saw a message of it:
     the gateway died before its first commit, or the partition is new) is read from its
     earliest offset."""
+    # The topics' partitions from a listing of every topic: a metadata request naming a
+    # missing topic would make the bundled broker create it.
+    earliest = {
+        key: low for key, (low, _) in KafkaClient(bootstrap_servers, config, timeout).offsets(set(topics)).items()
+    }
     found: dict[tuple[str, str], dict[int, int]] = {}
     consumer = Consumer(consumer_config(bootstrap_servers, {"group.id": "dbsp-gateway", **(config or {})}))
     try:
-        for (topic, partition), start in _read_back_starts(consumer, read_back, topics, timeout).items():
+        for (topic, partition), start in (earliest | read_back).items():
             for message in _messages(consumer, topic, partition, start, timeout):
                 framed = gateway_range(message)
                 if framed is not None:
@@ -311,19 +316,6 @@ def acknowledged_since(
     finally:
         consumer.close()
     return found
-
-
-def _read_back_starts(
-    consumer: Consumer, read_back: dict[tuple[str, int], int], topics: Iterable[str], timeout: float
-) -> dict[tuple[str, int], int]:
-    """Where to read back each partition of ``topics`` (and of ``read_back``) from."""
-    starts = dict(read_back)
-    for topic in set(topics):
-        metadata = consumer.list_topics(topic, timeout).topics[topic]
-        for partition in metadata.partitions if metadata.error is None else ():
-            if (topic, partition) not in starts:
-                starts[topic, partition] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout)[0]
-    return starts
 
 
 def _messages(consumer: Consumer, topic: str, partition: int, start: int, timeout: float) -> Iterable[Message]:
