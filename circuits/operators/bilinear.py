@@ -174,10 +174,9 @@ class KeyedJoin(Operator):
     def _join(self, left: DataFrame, right: DataFrame, columns: tuple[list[str], list[str]]) -> DataFrame:
         left_columns, right_columns = columns
         keys = [*ROUTED, *self.on]
+        kept = [c for c in right_columns if c not in self.on]
         right = consolidate(right, routed=True).select(
-            *[F.col(c).alias(c + _R) for c in keys],
-            *[c for c in right_columns if c not in self.on],
-            weight().alias(WEIGHT + _R),
+            *[F.col(c).alias(c + _R) for c in keys], *kept, weight().alias(WEIGHT + _R)
         )
         left = consolidate(left, routed=True)
         condition = reduce(lambda a, b: a & b, [left[c] == right[c + _R] for c in keys])
@@ -187,5 +186,4 @@ class KeyedJoin(Operator):
         if self.how in ("left_semi", "left_anti"):
             return joined.select(*left_columns, weight())
         product = F.coalesce(weight(), F.lit(1)) * F.coalesce(F.col(WEIGHT + _R), F.lit(1))
-        kept = [c for c in right_columns if c not in self.on]
         return joined.select(*left_columns, *kept, product.alias(WEIGHT))
