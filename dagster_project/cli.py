@@ -28,7 +28,6 @@ from circuits.spark import stop_connect_server
 from sensors.broker import stop_local_broker
 from sensors.gateway.control import call, require_running
 from sensors.gateway.gateway import Gateway
-from sensors.ingest import run_steps
 from sensors.status import report
 from storage.pipeline import status as position
 from storage.views import read_view
@@ -177,7 +176,7 @@ def recover(args: argparse.Namespace) -> int:
         print(f"broke the lease: {pipeline.lease.break_()}")
     at = position(pipeline.root)
     with pipeline.lease.held(f"dbsp recover (pid {os.getpid()})"):
-        ran = run_steps(pipeline, resources["kafka"].source(spec), at.committed_step, at.divided_step - 1)
+        ran = pipeline.run_steps(resources["kafka"].source(spec).read, at.committed_step, at.divided_step - 1)
     print(f"ran steps {list(ran)}; next step {position(pipeline.root).committed_step}")
     return 0
 

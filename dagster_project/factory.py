@@ -44,7 +44,7 @@ from sensors.gateway.control import (
     unflushed_steps,
 )
 from sensors.gateway.errors import GatewayError
-from sensors.ingest import KafkaSource, run_steps
+from sensors.ingest import KafkaSource
 from sensors.status import report
 from storage import inspect, views
 from storage.errors import ViewError
@@ -158,7 +158,7 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         pipeline = open_pipeline(spec, spark, store)
         with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
             context.log.info(f"{spec.name}: running steps {first}..{last}")
-            ran = run_steps(pipeline, kafka.source(spec), first, last)
+            ran = pipeline.run_steps(kafka.source(spec).read, first, last)
         context.log.info(
             f"{spec.name}: ran steps {list(ran)}"
             if ran
@@ -425,7 +425,7 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
             context.log.warning(f"broke the lease of {pipeline.lease.break_()}")
         position = status(pipeline.root)
         with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
-            ran = run_steps(pipeline, kafka.source(spec), position.committed_step, position.divided_step - 1)
+            ran = pipeline.run_steps(kafka.source(spec).read, position.committed_step, position.divided_step - 1)
         context.log.info(f"recovered: ran steps {list(ran)}; next step {status(pipeline.root).committed_step}")
 
     @op(name=f"{spec.name}_status_op")
