@@ -33,7 +33,7 @@ from .database import READS, STATE_FORMAT, DeltaStateStore, Relayout, latest_che
 from .delta import delta_tables
 from .errors import StaleWriterError, StepOrderError, ViewError
 from .faults import failpoint
-from .lease import Lease
+from .lease import Holder, Lease, LeaseRecord
 from .logs import DivisionLog, InputLog, OutputLog, Range
 from .sinks import Sinks
 from .views import CurrentViews, retained_view_versions
@@ -75,6 +75,16 @@ class RescaleReport:
     @property
     def fraction_moved(self) -> float:
         return self.vnodes_moved / self.before.vnodes
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :meth:`Pipeline.recover` did."""
+
+    broken: LeaseRecord | None
+    """The lease it broke first (None: not asked to, or nobody held it)."""
+    ran: range
+    next_step: int
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,15 @@ class Pipeline:
             self.advance(through=last)
         return steps
 
+    def recover(self, reader: StepReader, holder: Holder | None = None, break_lease: bool = False) -> Recovery:
+        """Runs every divided but uncommitted step (see :meth:`run_steps`) under the lease,
+        taken as ``holder``; ``break_lease`` first breaks the lease of a holder that died."""
+        broken = self.lease.break_() if break_lease else None
+        position = status(self.root)
+        with self.lease.held(holder):
+            ran = self.run_steps(reader, position.committed_step, position.divided_step - 1)
+        return Recovery(broken, ran, status(self.root).committed_step)
+
     def pending(self, first: int, last: int) -> range:
         """Opens the latest checkpoint and returns the steps of ``first..=last`` still to run.
 
@@ -267,11 +286,27 @@ class Pipeline:
             pause_seconds=time.perf_counter() - started,
         )
 
-    def rescale(self, workers: int, strategy: str | None = None, k: float | None = None) -> RescaleReport:
-        """A cold layout change (docs/design.md): from the latest checkpoint, move the state of the
-        vnodes that change owner, then checkpoint again with no input.  The pause is all of it."""
-        started = time.perf_counter()
-        report = self.finish_rescale(self.prepare_rescale(workers, strategy, k))
+    def rescale(
+        self,
+        workers: int,
+        strategy: str | None = None,
+        k: float | None = None,
+        *,
+        hot: bool = False,
+        holder: Holder | None = None,
+    ) -> RescaleReport:
+        """Changes the layout to ``workers`` (docs/design.md), under the lease taken as ``holder``.
+
+        Cold: from the latest checkpoint, move the state of the vnodes that change owner,
+        then checkpoint again with no input; the pause is all of it, under the lease.  Hot:
+        copy that state first while steps go on (:meth:`prepare_rescale`), and take the
+        lease only to catch up and switch (:meth:`finish_rescale`)."""
+        prepared = self.prepare_rescale(workers, strategy, k) if hot else None
+        with self.lease.held(holder):
+            if prepared is not None:
+                return self.finish_rescale(prepared)
+            started = time.perf_counter()
+            report = self.finish_rescale(self.prepare_rescale(workers, strategy, k))
         return dataclasses.replace(report, pause_seconds=time.perf_counter() - started, copy_seconds=0.0)
 
     def compact(self) -> dict[str, tuple[int, int]]:

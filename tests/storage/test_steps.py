@@ -1,5 +1,6 @@
 """The step driver in storage: a step range's input read through the reader the caller
-passes in (no source imported), persisted once, run and committed as one checkpoint."""
+passes in (no source imported), persisted once, run and committed as one checkpoint;
+recovery and layout changes under the lease, as the CLI and the Dagster jobs call them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from circuits import from_rows
 from circuits.library import word_count
-from storage.errors import StepOrderError
+from storage.errors import LeaseHeldError, StepOrderError
+from storage.lease import Holder, Lease
 from storage.logs import Range
 from storage.pipeline import Pipeline, StepInput
 
@@ -61,3 +63,44 @@ def test_a_step_the_division_log_has_not_cut_is_refused_before_any_read(spark, t
     with pytest.raises(StepOrderError, match="step 1 has no recorded division yet"):
         pipeline.run_steps(reader, 0, 1)
     assert reader.read_steps == [0] and pipeline.inputs.persisted(0) and not pipeline.inputs.persisted(1)
+
+
+def test_recover_runs_every_divided_uncommitted_step_once_a_dead_holders_lease_is_broken(spark, tmp_path, reference):
+    pipeline, reader = Pipeline(spark, str(tmp_path / "p"), word_count(), workers=2), RowsReader()
+    divide(pipeline, len(STEPS))
+    pipeline.run_steps(reader, 0, 0)
+    Lease(pipeline.root).acquire("a run that died")
+    with pytest.raises(LeaseHeldError, match="a run that died"):
+        pipeline.recover(reader, Holder("recovery"))
+    assert reader.read_steps == [0]  # refused before reading anything
+    recovery = pipeline.recover(reader, Holder("recovery"), break_lease=True)
+    assert recovery.broken.holder == "a run that died"
+    assert (recovery.ran, recovery.next_step) == (range(1, 3), 3) and reader.read_steps == [0, 1, 2]
+    assert totals(pipeline, 2) == totals(reference, 2)
+    lease = Lease(pipeline.root).current()
+    assert (lease.holder, lease.released) == ("recovery", True)
+    assert pipeline.recover(reader, Holder("again")).ran == range(3, 3)
+
+
+@pytest.mark.parametrize("hot", [False, True], ids=["cold", "hot"])
+def test_a_rescale_holds_the_lease_for_all_of_a_cold_change_and_only_to_switch_a_hot_one(
+    spark, tmp_path, reference, monkeypatch, hot
+):
+    pipeline = Pipeline(spark, str(tmp_path / "p"), word_count(), workers=2)
+    submit_all(spark, pipeline)
+    pipeline.run(through=1)
+    events, prepare = [], pipeline.prepare_rescale
+    monkeypatch.setattr(pipeline, "prepare_rescale", lambda *a: events.append("copy") or prepare(*a))
+    Lease(pipeline.root).acquire("a run that ended")
+
+    def gone(holder: str) -> bool:  # asked while waiting for the lease
+        events.append("wait for the lease")
+        return holder == "a run that ended"
+
+    report = pipeline.rescale(3, hot=hot, holder=Holder("rescale", wait=5, gone=gone))
+    assert events == (["copy", "wait for the lease"] if hot else ["wait for the lease", "copy"])
+    assert report.after.workers == 3 and pipeline.layout() == report.after
+    assert (report.copy_seconds > 0) == hot and report.pause_seconds > 0
+    assert Lease(pipeline.root).current().holder == "rescale" and Lease(pipeline.root).current().released
+    pipeline.run()  # the last step on the new layout: the same output
+    assert totals(pipeline, 2) == totals(reference, 2)
