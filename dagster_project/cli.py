@@ -36,9 +36,10 @@ from . import devserver
 from .config import CONFIG_ENV, HOME_ENV, home, load_project
 from .console import Progress, log_path, output_to_log
 from .demo import DemoResult, run_demo
-from .factory import dead_letters_note, describe, open_pipeline
+from .factory import open_pipeline
 from .klogs_demo import run_klogs_demo
 from .resources import EMBEDDED, build_resources
+from .status import dead_letters_note, status_text
 
 DAGSTER_YAML = """\
 # Written by dbsp: one run per pipeline at a time, in the order requested (steps run in
@@ -162,7 +163,7 @@ def status(args: argparse.Namespace) -> int:
     resources = build_resources(project)
     root = resources["store"].pipeline_root(spec.name)
     print(f"pipeline {spec.name}")
-    print(describe(report(root, resources["kafka"].source(spec))))
+    print(status_text(report(root, resources["kafka"].source(spec))))
     print(dead_letters_note(root))
     return 0
 

@@ -31,7 +31,6 @@ from dagster import (
     sensor,
 )
 
-from circuits.sharding import Layout
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
 from sensors.gateway.control import (
@@ -44,16 +43,17 @@ from sensors.gateway.control import (
     unflushed_steps,
 )
 from sensors.gateway.errors import GatewayError
-from sensors.ingest import KafkaSource
 from sensors.status import report
 from storage import inspect, views
 from storage.errors import ViewError
 from storage.lease import Holder
-from storage.logs import DivisionLog, dead_letters_uri, output_uri
+from storage.logs import DivisionLog, output_uri
 from storage.pipeline import Pipeline, status
 
 from .config import PipelineSpec, ProjectSpec, home, load_object
+from .demo_producer import produce_events
 from .resources import KafkaResource, SparkResource, StoreResource, build_resources
+from .status import status_text
 
 PIPELINE_TAG = "dbsp/pipeline"
 
@@ -426,7 +426,7 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
 
     @op(name=f"{spec.name}_status_op")
     def show_status(context: OpExecutionContext, store: StoreResource, kafka: KafkaResource):
-        context.log.info(describe(report(store.pipeline_root(spec.name), kafka.source(spec))))
+        context.log.info(status_text(report(store.pipeline_root(spec.name), kafka.source(spec))))
 
     pipeline_tags = {PIPELINE_TAG: spec.name}
     jobs = [
@@ -454,42 +454,3 @@ def _one_op_job(name: str, the_op, tags: dict):
         the_op()
 
     return one_op
-
-
-PRODUCERS = 4
-"""Producers a demo topic's events go out through at once: the bundled broker, which takes
-one record per batch, acknowledges more records per second that way (``bench/broker_io.py``)."""
-
-
-def produce_events(source: KafkaSource, records_of, events: int, seed: int) -> int:
-    """Sends the next ``events`` events of a demo producer to the source's topics and
-    returns the index of the first.  The sequence continues from the number of records
-    already in the topics, so producing twice never repeats an event."""
-    client = source.client()
-    start = sum(high for _, high in client.offsets(list(source.topics.values())).values())
-    for handle, records in records_of(start, events, seed).items():
-        client.produce_parallel(source.topics[handle], [json.dumps(r).encode() for r in records], PRODUCERS)
-    return start
-
-
-def dead_letters_note(root: str) -> str:
-    """How many input records of the pipeline at ``root`` could not be decoded, and where they are."""
-    uri = dead_letters_uri(root)
-    count = inspect.rows_of_steps(uri, 0, status(root).divided_step)
-    where = f"; each with its topic, partition, offset and reason in the Delta table {uri}" if count else ""
-    return f"dead letters (input records that could not be decoded): {count}{where}"
-
-
-def describe(r) -> str:
-    s = r.status
-    lines = [
-        f"committed through step {s.committed_step - 1} (next step {s.committed_step}), checkpoint version {s.checkpoint_version}",
-        f"divided steps: {s.divided_step} (waiting to run: {s.divided_step - s.committed_step})",
-        f"layout: {Layout.from_json(s.meta['layout']).describe() if 'layout' in s.meta else 'none yet (no step has run)'}",
-        f"lease: {'held by ' + s.lease_holder if s.lease_holder else 'free'}",
-    ]
-    if r.lag is None:
-        lines.append(f"lag: unknown ({r.error})")
-    for (topic, partition), (lag, end) in (r.lag or {}).items():
-        lines.append(f"lag {topic}[{partition}]: {lag} records not yet in a step (end offset {end})")
-    return "\n".join(lines)
