@@ -8,6 +8,11 @@ the latest checkpoint, replays and runs the steps whose input exists (discarding
 verifying, output that was written before), and commits one checkpoint at the end:
 the steps of one run are one checkpoint interval.  Recovery after a crash is just the
 next ``run``.
+
+Fed by a source, ``run_steps`` drives a step range: it reads each step's recorded division
+through the reader its caller passes in (the Kafka side's), persists it, runs and
+commits; ``recover`` and ``rescale`` do so under the pipeline's lease, for the CLI and the
+Dagster jobs alike.
 """
 
 from __future__ import annotations
