@@ -31,7 +31,7 @@ from dagster import (
     sensor,
 )
 
-from circuits.sharding import Layout
+from circuits.vnodes import Layout
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
 from sensors.gateway.control import (

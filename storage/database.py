@@ -27,8 +27,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from circuits.runner import LAYOUT_KEY, OUTPUT, STATE
-from circuits.sharding import PART, VNODE, Layout, exchange
+from circuits.sharding import PART, VNODE, exchange, unit_of, worker_of
 from circuits.state import FILE, StateStore
+from circuits.vnodes import Layout
 from circuits.zset import consolidate
 
 from .delta import (
@@ -252,7 +253,7 @@ class DeltaStateStore(StateStore):
             if len(files) > COMPACT_FILES:
                 self._rewrites[table] = files
                 whole = consolidate(self.scan(table).unionByName(df.drop(FILE)))
-                df = whole.withColumn(FILE, layout.worker_of(F.col(VNODE)))
+                df = whole.withColumn(FILE, worker_of(layout, F.col(VNODE)))
             targets[name] = (self._uri(table), df)
         written = write_tables(targets)
         self.written_outputs = {n[len(OUTPUT) :]: w for n, w in written.items() if n.startswith(OUTPUT)}
@@ -382,7 +383,7 @@ def _by_owner(trace: DataFrame, layout: Layout | None) -> DataFrame:
     return (
         exchange(trace, layout)
         .drop(PART)
-        .withColumn(FILE, layout.unit_of(F.col(VNODE)))
+        .withColumn(FILE, unit_of(layout, F.col(VNODE)))
         .sortWithinPartitions(FILE, VNODE)
     )
 

@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from circuits import layouts
 from circuits.circuit import Circuit
 from circuits.klogs import KLogsCircuit
-from circuits.sharding import Layout
+from circuits.vnodes import Layout
 
 from .database import READS, STATE_FORMAT, DeltaStateStore, Relayout, latest_checkpoint
 from .delta import delta_tables

@@ -2,12 +2,12 @@
 
 A buffer is produced to its source group's topic with the source id as key (so a
 source's bytes stay in one partition, in order) and its byte range in header
-:data:`~sensors.decode.RANGE_HEADER`.  A message holds whole records: the bytes after a
+:data:`~circuits.framing.RANGE_HEADER`.  A message holds whole records: the bytes after a
 buffer's last newline wait for the rest of their record and go out at the head of the
 source's next message.  This is the only look the gateway takes at the bytes, so that a
 record never spans two messages (and hence two steps); splitting a message into records
 and decoding them happen in the step's Spark job.  A record longer than a buffer goes out
-in pieces marked with :data:`~sensors.decode.PARTIAL_HEADER`, which the step turns into
+in pieces marked with :data:`~circuits.framing.PARTIAL_HEADER`, which the step turns into
 dead letters.
 
 A buffer goes back to the pool when the broker acknowledged its message, so an
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
+from circuits.framing import gateway_range, range_headers
 from storage.cursors import Cursors
 
-from ..decode import PARTIAL_HEADER, RANGE_HEADER, gateway_range
 from ..errors import BrokerUnavailableError
 from ..kafka import KafkaClient, client_config, consumer_config
 from .pool import Buffer
@@ -181,7 +181,7 @@ class Delivery:
         self, source: str, state: _Source, value: bytes, start: int, partial: bool, buffer: Buffer | None
     ) -> None:
         end = start + len(value)
-        headers = [(RANGE_HEADER, f"{start}-{end}".encode())] + ([(PARTIAL_HEADER, b"1")] if partial else [])
+        headers = range_headers(start, end, partial)
 
         def delivered(error: KafkaError | None, message: Message) -> None:
             self._delivered(source, start, end, error, message, buffer)

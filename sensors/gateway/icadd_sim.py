@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from circuits.layouts import initial, rescale
-from circuits.sharding import DEFAULT_VNODES, Layout
+from circuits.vnodes import DEFAULT_VNODES, Layout
 
 from .icadd import (
     DOWN,

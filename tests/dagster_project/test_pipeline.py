@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from dagster import SkipReason, instance_for_test
 
-from circuits.sharding import Layout
+from circuits.vnodes import Layout
 from sensors.broker import LocalBroker
 from storage.delta import delta_tables, open_table
 from storage.pipeline import status

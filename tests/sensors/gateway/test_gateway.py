@@ -12,8 +12,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from circuits.daemon import free_port
+from circuits.framing import gateway_range
 from sensors.broker import ensure_topics, local_producer_config
-from sensors.decode import gateway_range, read_ranges
+from sensors.decode import read_ranges
 from sensors.gateway.config import FilesSpec, GatewaySpec, TcpSpec
 from sensors.gateway.control import call, running_url
 from sensors.gateway.gateway import Gateway
