@@ -53,12 +53,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
+from gateway.delivery import Delivery
+from gateway.executor import AsyncSourceExecutor
+from gateway.gateway import flush_on_idle
+from gateway.pool import BufferPool
+from gateway.sources import GeneratorSource, SyncGeneratorSource
 from sensors.broker import LocalBroker, ensure_topics, local_producer_config
-from sensors.gateway.delivery import Delivery
-from sensors.gateway.executor import AsyncSourceExecutor
-from sensors.gateway.gateway import flush_on_idle
-from sensors.gateway.pool import BufferPool
-from sensors.gateway.sources import GeneratorSource, SyncGeneratorSource
 
 TOPIC = "gateway-bench"
 

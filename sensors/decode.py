@@ -6,7 +6,7 @@ field's type, and optionally ``_weight``: a nonzero integer, 1 when absent (-1 d
 row). Other keys are ignored. A record that breaks these rules becomes a dead letter with
 the reason, instead of failing the step.
 
-A message the source gateway produced (:mod:`sensors.gateway`) is not one record but a
+A message the source gateway produced (:mod:`gateway`) is not one record but a
 source's raw bytes: newline-delimited records, whole (the gateway cuts its buffers after a
 newline), with the source id as key and the byte range in header :data:`~circuits.framing.RANGE_HEADER`.
 Its records are framed here, each validated as above; a dead letter's reason names the

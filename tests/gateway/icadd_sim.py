@@ -45,8 +45,7 @@ from typing import Any
 
 from circuits.layouts import initial, rescale
 from circuits.vnodes import DEFAULT_VNODES, Layout
-
-from .icadd import (
+from gateway.icadd import (
     DOWN,
     Acquire,
     Collect,

@@ -12,7 +12,7 @@ from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 
 from circuits.layouts import initial, rescale
-from sensors.gateway.icadd import (
+from gateway.icadd import (
     DOWN,
     Acquire,
     Collect,
@@ -26,7 +26,7 @@ from sensors.gateway.icadd import (
     Placement,
     Rules,
 )
-from sensors.gateway.icadd_sim import Scenario, Violation, simulate
+from tests.gateway.icadd_sim import Scenario, Violation, simulate
 
 W2 = initial(256, 2)
 W3 = rescale(W2, 3)
