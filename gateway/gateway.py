@@ -78,7 +78,7 @@ def flush_on_idle(delivery: Delivery, executor: AsyncSourceExecutor) -> None:
     """Whenever the producer's queue has emptied, the partly filled buffers go out.  One
     flush at a time: a flush walks every source, and with thousands of them notices that
     come faster than flushes finish would pile flushes up on the loop (measured with
-    ``bench/gateway.py``: at 5,000 sources they took 38% of the loop)."""
+    ``bench/gateway_sources.py``: at 5,000 sources they took 38% of the loop)."""
     running: list[concurrent.futures.Future] = []
 
     def flush() -> None:

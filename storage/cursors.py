@@ -17,8 +17,8 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from .delta import dataset, ensure_table, open_table
 from .errors import StorageError
+from .tables import dataset, ensure_table, open_table
 
 CURSOR_SCHEMA = pa.schema(
     [("source", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("position", pa.int64())]

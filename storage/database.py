@@ -37,9 +37,6 @@ from .delta import (
     WrittenFiles,
     add_actions,
     commit,
-    dataset,
-    ensure_table,
-    open_table,
     paths,
     read_files,
     table_schema,
@@ -48,6 +45,7 @@ from .delta import (
 from .errors import CorruptTableError, StaleWriterError, StateFormatError, StorageError
 from .faults import failpoint
 from .logs import STEP, output_uri
+from .tables import dataset, ensure_table, open_table
 
 ENGINE_VERSION = "0.2.0"
 STATE_FORMAT = 2

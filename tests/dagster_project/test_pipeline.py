@@ -9,8 +9,9 @@ from dagster import SkipReason, instance_for_test
 
 from circuits.vnodes import Layout
 from sensors.broker import LocalBroker
-from storage.delta import delta_tables, open_table
+from storage.delta import delta_tables
 from storage.pipeline import status
+from storage.tables import open_table
 
 from .harness import Harness, integral
 

@@ -33,7 +33,7 @@ latencies are computed after the window from the fixed line size.
 message at once on a thread of its own (Delivery's framing and acknowledgement code still
 run): labelled "no broker", it shows the gateway's own cost.
 
-    python bench/gateway.py --sources 10 100 1000 5000 --seconds 8 --warmup 2 --shapes rate unlimited \
+    python bench/gateway_sources.py --sources 10 100 1000 5000 --seconds 8 --warmup 2 --shapes rate unlimited \
         --delivery broker none      # the defaults: 32 configurations, about 8 minutes
 """
 
