@@ -15,6 +15,8 @@ from circuits.daemon import free_port
 from circuits.framing import gateway_range
 from gateway.config import FilesSpec, GatewaySpec, TcpSpec
 from gateway.control import call, running_url
+from gateway.delivery import acknowledged_since
+from gateway.errors import GatewayBrokerError
 from gateway.gateway import Gateway
 from sensors.broker import ensure_topics, local_producer_config
 from sensors.decode import read_ranges
@@ -402,3 +404,13 @@ def test_a_restarted_gateway_keeps_the_read_back_offsets_of_partitions_it_wrote_
     finally:
         restarted.stop()
     assert restarted.cursors.load().read_back == committed
+
+
+def test_reading_back_names_a_missing_topic_without_creating_it_and_an_absent_broker(broker):
+    missing = f"missing-{os.getpid()}-{time.monotonic_ns()}"
+    with pytest.raises(GatewayBrokerError, match=f"topic\\(s\\) '{missing}' do not exist"):
+        acknowledged_since(broker.bootstrap, None, {}, [missing], timeout=5)
+    assert missing not in KafkaClient(broker.bootstrap).topics()  # asking created nothing
+    nobody = f"127.0.0.1:{free_port()}"
+    with pytest.raises(GatewayBrokerError, match=f"no Kafka broker at '{nobody}' answered the gateway"):
+        acknowledged_since(nobody, None, {}, [missing], timeout=1)
