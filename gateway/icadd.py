@@ -15,7 +15,7 @@ message), :meth:`Distributor.begin` (the trigger of a migration) and
 :meth:`Distributor.collect` (move one key of ``whitelist``).  Each returns the list of
 ``(destination, message)`` it wants sent: ``DOWN`` for its local downstream, a worker id
 for another worker (the message is then an :class:`Envelope` carrying the sender's
-version).  Whoever calls it delivers them: the simulator (:mod:`.icadd_sim`) or the live
+version).  Whoever calls it delivers them: the simulator (``tests/gateway/icadd_sim.py``) or the live
 gateway.  It assumes, like ICADD, FIFO channels: between two workers (per ordered
 pair) and along each downstream path.
 
