@@ -15,8 +15,8 @@ message), :meth:`Distributor.begin` (the trigger of a migration) and
 :meth:`Distributor.collect` (move one key of ``whitelist``).  Each returns the list of
 ``(destination, message)`` it wants sent: ``DOWN`` for its local downstream, a worker id
 for another worker (the message is then an :class:`Envelope` carrying the sender's
-version).  Whoever calls it delivers them: the simulator (``tests/gateway/icadd_sim.py``) or the live
-gateway.  It assumes, like ICADD, FIFO channels: between two workers (per ordered
+version).  Whoever calls it delivers them: the simulator (``tests/gateway/icadd_sim.py``)
+or the live gateway.  It assumes, like ICADD, FIFO channels: between two workers (per ordered
 pair) and along each downstream path.
 
 What the caller must also do: start one migration at a time (the next ``begin`` only once
