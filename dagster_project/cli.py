@@ -28,10 +28,9 @@ from circuits.spark import stop_connect_server
 from gateway.control import call, require_running
 from gateway.gateway import Gateway
 from sensors.broker import stop_local_broker
-from sensors.ingest import run_steps
 from sensors.status import report
 from storage.cursors import CursorStore
-from storage.pipeline import status as position
+from storage.lease import Holder
 from storage.views import read_view
 
 from . import devserver
@@ -174,13 +173,16 @@ def recover(args: argparse.Namespace) -> int:
     project, spec = _pipeline(args)
     resources = build_resources(project)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
+    recovery = pipeline.recover(resources["kafka"].source(spec).read, _holder("recover"), args.break_lease)
     if args.break_lease:
-        print(f"broke the lease: {pipeline.lease.break_()}")
-    at = position(pipeline.root)
-    with pipeline.lease.held(f"dbsp recover (pid {os.getpid()})"):
-        ran = run_steps(pipeline, resources["kafka"].source(spec), at.committed_step, at.divided_step - 1)
-    print(f"ran steps {list(ran)}; next step {position(pipeline.root).committed_step}")
+        print(f"broke the lease: {recovery.broken}")
+    print(f"ran steps {list(recovery.ran)}; next step {recovery.next_step}")
     return 0
+
+
+def _holder(command: str, wait: float = 0.0) -> Holder:
+    """This command as its pipeline's lease holder (named so ``dbsp status`` tells who holds it)."""
+    return Holder(f"dbsp {command} (pid {os.getpid()})", wait)
 
 
 def show(args: argparse.Namespace) -> int:
@@ -230,11 +232,8 @@ def rescale(args: argparse.Namespace) -> int:
     project, spec = _pipeline(args)
     resources = build_resources(project)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
-    prepared = pipeline.prepare_rescale(args.workers, args.strategy, args.k) if args.hot else None
-    with pipeline.lease.held(f"dbsp rescale (pid {os.getpid()})", wait=spec.lease_wait_seconds):
-        report = (
-            pipeline.finish_rescale(prepared) if prepared else pipeline.rescale(args.workers, args.strategy, args.k)
-        )
+    holder = _holder("rescale", spec.lease_wait_seconds)
+    report = pipeline.rescale(args.workers, args.strategy, args.k, hot=args.hot, holder=holder)
     print(f"before: {report.before.describe()}\nafter:  {report.after.describe()}")
     print(
         f"vnodes moved: {report.vnodes_moved} of {report.before.vnodes} ({report.fraction_moved:.1%}); "

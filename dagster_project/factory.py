@@ -36,11 +36,12 @@ from gateway.control import call, flush_running, require_running
 from gateway.errors import GatewayError
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
-from sensors.ingest import KafkaSource, run_steps
+from sensors.ingest import KafkaSource
 from sensors.status import report
 from storage import inspect, views
 from storage.errors import ViewError
 from storage.gateway_figures import figures_of_steps, record_figures, record_unflushed, unflushed_steps
+from storage.lease import Holder
 from storage.logs import DivisionLog, dead_letters_uri, output_uri
 from storage.pipeline import Pipeline, status
 
@@ -111,14 +112,15 @@ def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource
     )
 
 
-def _run_gone(instance):
-    """Whether the Dagster run holding a lease has ended (so its lease can be taken)."""
+def _holder(context: OpExecutionContext, spec: PipelineSpec) -> Holder:
+    """The run as its pipeline's lease holder: it waits ``lease_wait_seconds`` for another
+    run, or less when the Dagster run holding the lease has ended."""
 
     def gone(run_id: str) -> bool:
-        run = instance.get_run_by_id(run_id)
+        run = context.instance.get_run_by_id(run_id)
         return run is None or run.is_finished
 
-    return gone
+    return Holder(context.run_id, spec.lease_wait_seconds, gone)
 
 
 def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
@@ -149,9 +151,9 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
     def steps(context: AssetExecutionContext, spark: SparkResource, store: StoreResource, kafka: KafkaResource):
         first, last = (int(k) for k in (context.partition_key_range.start, context.partition_key_range.end))
         pipeline = open_pipeline(spec, spark, store)
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+        with pipeline.lease.held(_holder(context, spec)):
             context.log.info(f"{spec.name}: running steps {first}..{last}")
-            ran = run_steps(pipeline, kafka.source(spec), first, last)
+            ran = pipeline.run_steps(kafka.source(spec).read, first, last)
         context.log.info(
             f"{spec.name}: ran steps {list(ran)}"
             if ran
@@ -358,13 +360,9 @@ def _layout_asset(spec: PipelineSpec):
     )
     def layout(context: AssetExecutionContext, config: RescaleConfig, spark: SparkResource, store: StoreResource):
         pipeline = open_pipeline(spec, spark, store)
-        # Hot: copy the moved state while steps go on; hold the lease only to switch.
-        prepared = pipeline.prepare_rescale(config.workers, config.strategy, config.k) if config.hot else None
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
-            if prepared is None:
-                report = pipeline.rescale(config.workers, config.strategy, config.k)
-            else:
-                report = pipeline.finish_rescale(prepared)
+        report = pipeline.rescale(
+            config.workers, config.strategy, config.k, hot=config.hot, holder=_holder(context, spec)
+        )
         context.log.info(f"{report.before.describe()} -> {report.after.describe()}")
         return MaterializeResult(
             metadata={
@@ -395,14 +393,14 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
     @op(name=f"{spec.name}_compact_op")
     def compact(context: OpExecutionContext, spark: SparkResource, store: StoreResource):
         pipeline = open_pipeline(spec, spark, store)
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+        with pipeline.lease.held(_holder(context, spec)):
             for table, (before, after) in pipeline.compact().items():
                 context.log.info(f"{table}: {before} -> {after} files")
 
     @op(name=f"{spec.name}_vacuum_op")
     def vacuum(context: OpExecutionContext, spark: SparkResource, store: StoreResource):
         pipeline = open_pipeline(spec, spark, store)
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+        with pipeline.lease.held(_holder(context, spec)):
             context.log.info(f"deleted {len(pipeline.vacuum())} files no checkpoint needs")
 
     @op(name=f"{spec.name}_recover_op")
@@ -414,12 +412,10 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
         kafka: KafkaResource,
     ):
         pipeline = open_pipeline(spec, spark, store)
+        recovery = pipeline.recover(kafka.source(spec).read, _holder(context, spec), config.break_lease)
         if config.break_lease:
-            context.log.warning(f"broke the lease of {pipeline.lease.break_()}")
-        position = status(pipeline.root)
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
-            ran = run_steps(pipeline, kafka.source(spec), position.committed_step, position.divided_step - 1)
-        context.log.info(f"recovered: ran steps {list(ran)}; next step {status(pipeline.root).committed_step}")
+            context.log.warning(f"broke the lease of {recovery.broken}")
+        context.log.info(f"recovered: ran steps {list(recovery.ran)}; next step {recovery.next_step}")
 
     @op(name=f"{spec.name}_status_op")
     def show_status(context: OpExecutionContext, store: StoreResource, kafka: KafkaResource):

@@ -5,11 +5,14 @@ import os
 from collections import Counter
 
 import pytest
+import yaml
 from dagster import SkipReason, instance_for_test
 
 from circuits.vnodes import Layout
+from dagster_project import cli
 from sensors.broker import LocalBroker
 from storage.delta import delta_tables
+from storage.lease import Lease
 from storage.pipeline import status
 from storage.tables import open_table
 
@@ -137,4 +140,31 @@ def test_the_rescale_asset_moves_one_share_and_steps_go_on(spark_resource, spark
     h.tick()
     assert h.run(1).success
     assert Layout.from_json(status(h.root).meta["layout"]).workers == 5  # the step ran on the new layout
+    assert integral(h.pipeline(spark).outputs.read("bids_by_category", 0, 1)) == h.expected_revenue()
+
+
+@pytest.mark.slow
+def test_recover_by_the_cli_and_by_the_job_runs_the_divided_steps_past_a_dead_runs_lease(
+    spark_resource, spark, broker, tmp_path, instance, monkeypatch, capsys
+):
+    monkeypatch.setenv("DBSP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home" / "dagster"))
+    h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource)
+    config = tmp_path / "dbsp.yaml"
+    config.write_text(yaml.safe_dump(h.settings))
+    h.produce(300)
+    h.tick()  # step 0 divided, never run
+    Lease(h.root).acquire("a run that died")
+    assert cli.main(["--config", str(config), "recover"]) == 2
+    assert "being advanced by a run that died" in capsys.readouterr().err
+    assert cli.main(["--config", str(config), "recover", "--break-lease"]) == 0
+    out = capsys.readouterr().out
+    assert "holder='a run that died'" in out and "ran steps [0]; next step 1" in out
+    h.produce(200, deletes=20)
+    h.tick()
+    Lease(h.root).acquire("another run that died")
+    job = h.defs.resolve_job_def(f"{h.name}_recover")
+    config = {"ops": {f"{h.name}_recover_op": {"config": {"break_lease": True}}}}
+    assert job.execute_in_process(instance=instance, run_config=config).success
+    assert status(h.root).committed_step == 2 and status(h.root).lease_holder is None
     assert integral(h.pipeline(spark).outputs.read("bids_by_category", 0, 1)) == h.expected_revenue()

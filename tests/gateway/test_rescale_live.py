@@ -27,7 +27,7 @@ from gateway.errors import GatewayError
 from gateway.gateway import Gateway
 from gateway.icadd import Placement
 from sensors.broker import ensure_topics, local_producer_config
-from sensors.ingest import KafkaSource, run_steps
+from sensors.ingest import KafkaSource
 from sensors.kafka import KafkaClient, consumer_config
 from storage.cursors import CursorStore
 from storage.inspect import rows_of_steps
@@ -203,7 +203,7 @@ def check_view(spark, bootstrap: str, result: dict, root: str) -> dict:
         pipeline.divisions.record(step, [Range(topic, p, previous[p], end[p]) for p in sorted(end)])
         previous = end
     last = len(ends) - 1
-    assert list(run_steps(pipeline, KafkaSource(bootstrap, {"lines": topic}), 0, last)) == list(range(len(ends)))
+    assert list(pipeline.run_steps(KafkaSource(bootstrap, {"lines": topic}).read, 0, last)) == list(range(len(ends)))
     dead = rows_of_steps(pipeline.inputs.dead_letters_uri, 0, last)
     assert dead == 0, f"{dead} dead letter(s): {pipeline.inputs.dead_letters().limit(3).collect()}"
     changes = Counter()
