@@ -25,10 +25,11 @@ from rich.table import Table
 from circuits.daemon import listening
 from circuits.errors import DbspError
 from circuits.spark import stop_connect_server
+from gateway.control import call, require_running
+from gateway.gateway import Gateway
 from sensors.broker import stop_local_broker
-from sensors.gateway.control import call, require_running
-from sensors.gateway.gateway import Gateway
 from sensors.status import report
+from storage.cursors import CursorStore
 from storage.lease import Holder
 from storage.views import read_view
 
@@ -310,7 +311,14 @@ def gateway(args: argparse.Namespace) -> int:
     bootstrap = kafka.bootstrap({g.topic: project.topic_partitions(g.topic) for g in project.sources})
     path = log_path(home("logs"), "gateway")
     logging.basicConfig(filename=path, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    running = Gateway(project.gateway, project.sources, bootstrap, kafka.client_config(), home("gateway"))
+    running = Gateway(
+        project.gateway,
+        project.sources,
+        bootstrap,
+        kafka.client_config(),
+        home("gateway"),
+        CursorStore.of_gateway(project.gateway.cursors, home("gateway")),
+    )
     running.start()
     print(
         f"dbsp gateway: {len(project.sources)} source group(s) into Kafka at {bootstrap}; control {running.control.url}"

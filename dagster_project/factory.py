@@ -31,21 +31,14 @@ from dagster import (
     sensor,
 )
 
+from gateway.control import call, flush_running, require_running
+from gateway.errors import GatewayError
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
-from sensors.gateway.control import (
-    call,
-    figures_of_steps,
-    flush_running,
-    record_figures,
-    record_unflushed,
-    require_running,
-    unflushed_steps,
-)
-from sensors.gateway.errors import GatewayError
 from sensors.status import report
 from storage import inspect, views
 from storage.errors import ViewError
+from storage.gateway_figures import figures_of_steps, record_figures, record_unflushed, unflushed_steps
 from storage.lease import Holder
 from storage.logs import DivisionLog, output_uri
 from storage.pipeline import Pipeline, status

@@ -1,7 +1,7 @@
 """The text ``dbsp status`` prints and the status job logs: where a pipeline stands, and
 its input records that could not be decoded."""
 
-from circuits.sharding import Layout
+from circuits.vnodes import Layout
 from sensors.status import Report
 from storage import inspect
 from storage.logs import dead_letters_uri

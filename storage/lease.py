@@ -20,8 +20,8 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from .delta import dataset, ensure_table, open_table
 from .errors import LeaseHeldError, StorageError
+from .tables import dataset, ensure_table, open_table
 
 _SCHEMA = pa.schema(
     [

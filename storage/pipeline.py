@@ -32,7 +32,7 @@ from pyspark.sql.types import StructType
 from circuits import layouts
 from circuits.circuit import Circuit
 from circuits.klogs import KLogsCircuit
-from circuits.sharding import Layout
+from circuits.vnodes import Layout
 
 from .database import READS, STATE_FORMAT, DeltaStateStore, Relayout, latest_checkpoint
 from .delta import delta_tables

@@ -8,12 +8,13 @@ import pytest
 import yaml
 from dagster import SkipReason, instance_for_test
 
-from circuits.sharding import Layout
+from circuits.vnodes import Layout
 from dagster_project import cli
 from sensors.broker import LocalBroker, local_producer_config
-from storage.delta import delta_tables, open_table
+from storage.delta import delta_tables
 from storage.lease import Lease
 from storage.pipeline import status
+from storage.tables import open_table
 
 from .harness import Harness, integral
 

@@ -14,10 +14,10 @@ from sensors.decode import read_failed, read_ranges, undelivered
 from sensors.errors import BrokerStalledError, BrokerUnavailableError, OffsetsLostError, SourceError
 from sensors.ingest import KafkaSource
 from sensors.kafka import KafkaClient
-from storage.delta import open_table
 from storage.faults import InjectedCrash
 from storage.logs import Range
 from storage.pipeline import Pipeline
+from storage.tables import open_table
 
 BIDS = SCHEMAS["bids"]
 NOT_UTF8 = "undecodable value: not UTF-8 JSON ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte)"
