@@ -181,19 +181,28 @@ _IN_SCAN = contextvars.ContextVar("in_scan", default=None)
 LOOKUPS: list[tuple[str, int, int]] = []
 """(trace, files, bytes) of every trace scan, in order."""
 OPENS = Counter()
+PRUNING = {"on": True}
+"""Off: lookups read every file of a large trace, as before pruning (``--alternate``)."""
 
 
 def instrument() -> None:
     """Counts what each trace scan reads, and every Delta table open (a throwaway wrapping
-    of ``DeltaStateStore.scan``, ``storage.database.read_files`` and ``DeltaTable``)."""
-    scan, read_files, init = database.DeltaStateStore.scan, database.read_files, deltalake.DeltaTable.__init__
+    of ``DeltaStateStore``'s scans, ``storage.database.read_files`` and ``DeltaTable``);
+    and lets :data:`PRUNING` turn pruning off."""
+    store, read_files, init = database.DeltaStateStore, database.read_files, deltalake.DeltaTable.__init__
 
-    def scanning(self, table, *args, **kwargs):
-        token = _IN_SCAN.set(table)
-        try:
-            return scan(self, table, *args, **kwargs)
-        finally:
-            _IN_SCAN.reset(token)
+    def scanning(scan):
+        def scanned(self, table, *args, **kwargs):
+            token = _IN_SCAN.set(table)
+            try:
+                return scan(self, table, *args, **kwargs)
+            finally:
+                _IN_SCAN.reset(token)
+
+        return scanned
+
+    prunes = store.prunes
+    store.prunes = lambda self, table: PRUNING["on"] and prunes(self, table)
 
     def reading(spark, uri, schema, paths, version=None):
         if _IN_SCAN.get() is not None:
@@ -205,7 +214,8 @@ def instrument() -> None:
         OPENS["tables"] += 1
         init(self, *args, **kwargs)
 
-    database.DeltaStateStore.scan, database.read_files, deltalake.DeltaTable.__init__ = scanning, reading, opening
+    store.scan, store.scan_keys = scanning(store.scan), scanning(store.scan_keys)
+    database.read_files, deltalake.DeltaTable.__init__ = reading, opening
 
 
 def commits(root: str) -> int:
@@ -254,7 +264,8 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
     job = server.jobs_since(-1)[0]
     rows, next_event = [], events
     for delta in (max(int(events * args.fraction), 1), args.fixed):
-        for _ in range(args.warmup + args.steps):
+        for i in range(args.warmup + args.steps):
+            PRUNING["on"] = not args.alternate or i % 2 == 0
             del LOOKUPS[:]
             OPENS.clear()
             before = commits(root)
@@ -268,7 +279,8 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
                 {
                     "state": next_event - delta,
                     "delta": delta,
-                    "warm": len(rows) % (args.warmup + args.steps) >= args.warmup,
+                    "warm": i >= args.warmup,
+                    "pruned": PRUNING["on"],
                     "step_s": wall,
                     "recompute_s": recompute(peer, base, added),
                     "jobs": jobs,
@@ -294,7 +306,8 @@ def print_row(r: dict) -> None:
     files = sum(f for _, f, _ in r["lookups"])
     scanned = sum(b for _, _, b in r["lookups"]) / 1e6
     print(
-        f"{r['state']:>12,} {r['delta']:>8,} {'' if r['warm'] else '(warm-up)':>9} {r['step_s']:>7.2f}"
+        f"{r['state']:>12,} {r['delta']:>8,} {'' if r['warm'] else '(warm-up)':>9} {'yes' if r['pruned'] else 'no':>6}"
+        f" {r['step_s']:>7.2f}"
         f" {r['recompute_s']:>9.2f} {r['step_s'] / r['recompute_s']:>6.3f} {r['jobs']:>4} {r['stages']:>6}"
         f" {r['read_mb']:>8.1f} {r['round_trips'].get('ExecutePlan', 0):>4} {len(r['lookups']):>7} {files:>5}"
         f" {scanned:>8.1f} {r['commits']:>7} {r['opens']:>5} {r['rss_peak_gb']:>6.2f} {r['hwm_gb']:>6.2f}",
@@ -307,11 +320,11 @@ def print_row(r: dict) -> None:
 
 def summary(rows: list[dict]) -> None:
     warm = [r for r in rows if r["warm"]]
-    for delta in sorted({r["delta"] for r in warm}):
-        these = [r for r in warm if r["delta"] == delta]
+    for delta, pruned in sorted({(r["delta"], r["pruned"]) for r in warm}):
+        these = [r for r in warm if r["delta"] == delta and r["pruned"] == pruned]
         ratios = sorted(r["step_s"] / r["recompute_s"] for r in these)
         print(
-            f"delta {delta:,}: step {statistics.median(r['step_s'] for r in these):.2f} s"
+            f"delta {delta:,}, {'pruned' if pruned else 'every file'}: step {statistics.median(r['step_s'] for r in these):.2f} s"
             f" (spread {min(r['step_s'] for r in these):.2f}-{max(r['step_s'] for r in these):.2f}),"
             f" recompute {statistics.median(r['recompute_s'] for r in these):.2f} s,"
             f" step/recompute median {statistics.median(ratios):.3f} (spread {ratios[0]:.3f}-{ratios[-1]:.3f})"
@@ -326,6 +339,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--load-steps", type=int, default=1)
+    parser.add_argument(
+        "--alternate", action="store_true", help="every other step reads every file of a large trace (no pruning)"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--root", default=None, help="where the pipelines live (default: a temporary directory)")
     parser.add_argument("--data", default="/work/scale-data", help="where the peer's Parquet inputs are kept")
@@ -338,7 +354,7 @@ def main() -> None:
     try:
         spark = remote_session(server.url)
         print(
-            f"{'state':>12} {'delta':>8} {'':>9} {'step s':>7} {'recomp s':>9} {'ratio':>6} {'jobs':>4} {'stages':>6}"
+            f"{'state':>12} {'delta':>8} {'':>9} {'pruned':>6} {'step s':>7} {'recomp s':>9} {'ratio':>6} {'jobs':>4} {'stages':>6}"
             f" {'read MB':>8} {'exec':>4} {'lookups':>7} {'files':>5} {'trace MB':>8} {'commits':>7} {'opens':>5}"
             f" {'rss GB':>6} {'hwm GB':>6}"
         )
