@@ -121,11 +121,11 @@ def weighted(frames: dict[str, DataFrame]) -> dict[str, DataFrame]:
 class Server:
     """The Spark Connect server of the run, its UI's REST API and its memory."""
 
-    def __init__(self, work: str, url: str | None) -> None:
+    def __init__(self, work: str, url: str | None, memory: str) -> None:
         self.port, self.ui = free_port(), free_port()
         self.state = os.path.join(work, "spark")
         conf = {"spark.ui.enabled": "true", "spark.ui.port": str(self.ui)}
-        self.url = url or connect_server(self.state, self.port, driver_memory="8g", conf=conf)
+        self.url = url or connect_server(self.state, self.port, driver_memory=memory, conf=conf)
         self.started = url is None
         self.pid = Daemon("spark-connect", self.port, self.state).pid() if self.started else None
         self.rss_peak = 0
@@ -140,12 +140,20 @@ class Server:
         if path:
             app = json.load(urllib.request.urlopen(base, timeout=10))[0]["id"]
             base = f"{base}/{app}/{path}"
-        return json.load(urllib.request.urlopen(base, timeout=30))
+        return json.load(urllib.request.urlopen(base, timeout=120))
 
     def jobs_since(self, job: int) -> tuple[int, int, int, int]:
         """(last job id, jobs, stages, bytes read) of the jobs after ``job``, once the
-        listener has seen them end."""
+        listener has seen them end; -1s when the UI does not answer (a server busy
+        collecting garbage after a large load did not, within 30 s)."""
         time.sleep(1.0)  # the UI's listener is asynchronous
+        try:
+            return self._jobs_since(job)
+        except OSError as e:
+            print(f"the Spark UI did not answer: {e}", flush=True)
+            return job, -1, -1, -1
+
+    def _jobs_since(self, job: int) -> tuple[int, int, int, int]:
         jobs = [j for j in self.rest("jobs") if j["jobId"] > job]
         stages = {s for j in jobs for s in j["stageIds"]}
         read = sum(s["inputBytes"] for s in self.rest("stages") if s["stageId"] in stages)
@@ -263,7 +271,7 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
     print(f"loaded {events:,} events in {load:.1f} s ({args.load_steps} steps)", flush=True)
     job = server.jobs_since(-1)[0]
     rows, next_event = [], events
-    for delta in (max(int(events * args.fraction), 1), args.fixed):
+    for delta in sorted({max(int(events * args.fraction), 1), args.fixed}):
         for i in range(args.warmup + args.steps):
             PRUNING["on"] = not args.alternate or i % 2 == 0
             del LOOKUPS[:]
@@ -345,12 +353,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--root", default=None, help="where the pipelines live (default: a temporary directory)")
     parser.add_argument("--data", default="/work/scale-data", help="where the peer's Parquet inputs are kept")
+    parser.add_argument("--driver-memory", default="8g", help="the heap of the server started for the run")
     parser.add_argument("--url", help="a running Spark Connect server (default: start one for the run)")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="state-scale-")
     args.root = args.root or work
     instrument()
-    server = Server(work, args.url)
+    server = Server(work, args.url, args.driver_memory)
     try:
         spark = remote_session(server.url)
         print(

@@ -48,17 +48,17 @@ def _join():
     return circuit
 
 
-def _bounds(root: str) -> dict[str, tuple[int, int]]:
-    """Every file of the join's traces (by name) with its keys' min and max."""
-    bounds = {}
-    for name in os.listdir(os.path.join(root, "state")):
-        adds = add_actions(open_table(os.path.join(root, "state", name)))
-        lows, highs = adds.column("min.k").to_pylist(), adds.column("max.k").to_pylist()
-        bounds.update(zip(adds.column("path").to_pylist(), zip(lows, highs, strict=True), strict=True))
-    return bounds
+def _bounds(root: str, side: str) -> dict[str, tuple[int, int]]:
+    """Every file of the join's trace of ``side`` (by name) with its keys' min and max."""
+    (name,) = [n for n in os.listdir(os.path.join(root, "state")) if n.endswith(f".{side}")]
+    adds = add_actions(open_table(os.path.join(root, "state", name)))
+    lows, highs = adds.column("min.k").to_pylist(), adds.column("max.k").to_pylist()
+    return dict(zip(adds.column("path").to_pylist(), zip(lows, highs, strict=True), strict=True))
 
 
-def test_a_step_reads_only_the_trace_files_that_may_hold_its_keys_and_the_join_is_right(spark, tmp_path, monkeypatch):
+def test_a_join_reads_only_the_trace_files_that_may_hold_the_other_sides_keys_and_is_right(
+    spark, tmp_path, monkeypatch
+):
     monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)  # every trace is looked up by its keys
     read: list[str] = []
     reading = database.read_files
@@ -69,30 +69,31 @@ def test_a_step_reads_only_the_trace_files_that_may_hold_its_keys_and_the_join_i
 
     monkeypatch.setattr(database, "read_files", recorded)
     root = str(tmp_path / "pruned")
-    # Steps 0-2 insert keys 100s..100s+9 on both sides; step 3 two new keys and one of step 0's.
-    steps = [[100 * s + i for i in range(10)] for s in range(3)] + [[300, 301, 5]]
-    expected = Counter()
-    for step, keys in enumerate(steps):
-        before = _bounds(root) if step else {}
-        rows = [(k, step, 1) for k in keys]
-        inputs = {side: from_rows(spark, rows, f"k bigint, {c} bigint") for side, c in (("left", "a"), ("right", "b"))}
+    # Steps 0-2 insert keys 100s..100s+9 on both sides; step 3 a new key and an old one on each.
+    steps = [([100 * s + i for i in range(10)],) * 2 for s in range(3)] + [([300, 5], [301, 205])]
+    for step, (left, right) in enumerate(steps):
+        before = {side: _bounds(root, side) for side in ("left", "right")} if step else {}
+        inputs = {
+            side: from_rows(spark, [(k, step, 1) for k in keys], f"k bigint, {c} bigint")
+            for side, c, keys in (("left", "a", left), ("right", "b", right))
+        }
         pipeline = Pipeline(spark, root, _join(), workers=2)
         pipeline.submit(step, inputs, [Range("r", 0, step, step + 1)])
         del read[:]
         pipeline.run()
-        for k in keys:
-            expected[(k, step, step)] += 1
-            for earlier, old in enumerate(steps[:step]):
-                expected[(k, step, earlier)] += old.count(k)
-                expected[(k, earlier, step)] += old.count(k)
-    # Of the files before step 3, it read those whose keys' bounds admit one of 300, 301, 5: of step 0's.
-    admitting = {path for path, (low, high) in before.items() if any(low <= k <= high for k in steps[3])}
-    assert admitting and len(admitting) < len(before)
-    assert set(read) & set(before) == admitting
+    # Each trace is read for the other side's keys: of its files before step 3, those whose
+    # bounds admit one (the left trace's of step 2, for 205; the right trace's of step 0, for 5).
+    for side, keys in (("left", steps[3][1]), ("right", steps[3][0])):
+        admitting = {path for path, (low, high) in before[side].items() if any(low <= k <= high for k in keys)}
+        assert admitting and set(read) & set(before[side]) == admitting, side
+    expected = Counter()
+    for left_step, (left, _) in enumerate(steps):
+        for right_step, (_, right) in enumerate(steps):
+            expected.update((k, left_step, right_step) for k in left if k in right)
     joined = Counter()
     for r in pipeline.read_outputs("joined", 0, 3).collect():
         joined[(r["k"], r["a"], r["b"])] += r["_weight"]
-    assert +joined == +expected
+    assert +joined == expected
 
 
 def _demo_outputs(spark, root: str, steps: int) -> dict[str, Counter]:
