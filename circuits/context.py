@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -165,16 +167,16 @@ class NodeContext:
         (grouping semantics); otherwise null keys match nothing (join semantics).  The
         result carries the routing columns and sits on the owning workers.
         """
-        table = self.table(suffix)
-        trace = self.step.store.scan(table)
-        if trace is None:
-            return self.keyed_empty(template)
+        table, store = self.table(suffix), self.step.store
         wanted = probe.select(
             F.col(PART).alias("_p_part"),
             F.col(VNODE).alias("_p_vnode"),
             *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)],
         )
-        if self.step.store.is_small(table):
+        if store.is_small(table):
+            trace = store.scan(table)
+            if trace is None:
+                return self.keyed_empty(template)
             # Route the whole trace: both sides then sit on the workers owning their
             # vnodes, and the semi-join runs in place, within the step's job.
             trace = self.step.route(trace)
@@ -186,6 +188,16 @@ class NodeContext:
         # to their owners, never the whole trace.  Consolidating with the partition column
         # among the keys then keeps the rows where the exchange put them.
         wanted = wanted.drop("_p_part")
+        if store.prunes(table):
+            # Spark cannot skip a file by a broadcast's values; the store can, by the
+            # files' statistics, once it has them.  The keys are computed once, for the
+            # collection and the broadcast both.
+            wanted = self.step.share(wanted, False)
+            trace = store.scan_keys(table, _key_values(wanted, keys, null_safe))
+        else:
+            trace = store.scan(table)
+        if trace is None:
+            return self.keyed_empty(template)
         matched = trace.join(F.broadcast(wanted), _matching(trace, wanted, keys, null_safe), "left_semi")
         return consolidate(self.step.route(matched, scanned=True), routed=True)
 
@@ -195,6 +207,14 @@ class NodeContext:
         them stay in place and state files keep one worker's vnodes each.  ``template``
         is keyed (it has the routing columns)."""
         return self.step.route(empty_like(template))
+
+
+def _key_values(wanted: DataFrame, keys: Sequence[str], null_safe: bool) -> dict[str, pa.Array]:
+    """The distinct values of each of ``keys`` in ``wanted`` (a lookup's probe), collected
+    to the client; nulls among them only where null keys match."""
+    collected = wanted.select(*[f"_p_{i}" for i in range(len(keys))]).toArrow()
+    values = {k: pc.unique(collected.column(i)) for i, k in enumerate(keys)}
+    return values if null_safe else {k: v.drop_null() for k, v in values.items()}
 
 
 def _matching(trace: DataFrame, wanted: DataFrame, keys: Sequence[str], null_safe: bool) -> Column:

@@ -13,7 +13,9 @@ The durable implementation lives in ``storage`` (Delta Lake);
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -55,6 +57,18 @@ class StateStore(ABC):
     @abstractmethod
     def scan(self, table: str) -> DataFrame | None:
         """The trace ``table`` as of the last applied step (not necessarily consolidated), or None."""
+
+    def prunes(self, table: str) -> bool:
+        """Whether a lookup into trace ``table`` is worth naming its keys to :meth:`scan_keys`
+        (which costs the lookup a Spark job collecting them): the store can then leave out
+        the parts of the trace that cannot hold them.  Known without a job, or False."""
+        return False
+
+    def scan_keys(self, table: str, keys: Mapping[str, pa.Array]) -> DataFrame | None:
+        """The part of trace ``table`` that may hold a row whose every column named in
+        ``keys`` has one of the values listed for it (a null listed: a null may match).
+        Every such row is in it; other rows may be.  None: no trace."""
+        return self.scan(table)
 
     def is_small(self, table: str) -> bool:
         """Whether trace ``table`` is small enough for a lookup to shuffle it whole to the

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -236,6 +236,21 @@ class DeltaStateStore(StateStore):
         rows = add_actions(self._pinned(table)).column("num_records").to_pylist()
         return None not in rows and sum(rows) <= SMALL_TRACE_ROWS
 
+    def prunes(self, table: str) -> bool:
+        """Any trace that is not small: see :data:`SMALL_TRACE_ROWS`."""
+        return table in self._tables and not self.is_small(table)
+
+    def scan_keys(self, table: str, keys: Mapping[str, pa.Array]) -> DataFrame | None:
+        """The trace's files whose statistics admit the keys (see :func:`may_hold`)."""
+        if table not in self._tables:
+            return None
+        delta = self._pinned(table)
+        adds = add_actions(delta)
+        base = delta.table_uri.rstrip("/")
+        held = may_hold(adds, keys)
+        files = [f"{base}/{path}" for path, hit in zip(adds.column("path").to_pylist(), held, strict=True) if hit]
+        return read_files(self.spark, self._uri(table), table_schema(delta), files, self._tables[table])
+
     def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
         """See :meth:`circuits.state.StateStore.materialize`.  A crowded small trace (see
         :data:`COMPACT_FILES`) is written whole, consolidated with the step's delta, and
@@ -372,6 +387,25 @@ class Relayout:
     removed: dict[str, list[str]]  # per table, the files the new ones replace
     rows: int
     bytes: int
+
+
+def may_hold(adds: pa.Table, keys: Mapping[str, pa.Array]) -> list[bool]:
+    """Per file of ``adds`` (see :func:`storage.delta.add_actions`), whether its statistics
+    admit a row whose every column named in ``keys`` holds one of the values listed for it:
+    one lies within the file's min and max, or the file has nulls and a null is listed.
+    A column without statistics (or of a type they do not order) admits every file."""
+    held = [True] * adds.num_rows
+    for column, values in keys.items():
+        if f"min.{column}" not in adds.column_names:
+            continue
+        listed = sorted(values.drop_null().to_pylist())
+        nulls = adds.column(f"null_count.{column}").to_pylist() if values.null_count else [0] * adds.num_rows
+        bounds = zip(adds.column(f"min.{column}").to_pylist(), adds.column(f"max.{column}").to_pylist(), strict=True)
+        for i, (low, high) in enumerate(bounds):
+            if low is not None and held[i]:
+                at = bisect.bisect_left(listed, low)
+                held[i] = (at < len(listed) and listed[at] <= high) or bool(nulls[i])
+    return held
 
 
 def _by_owner(trace: DataFrame, layout: Layout | None) -> DataFrame:

@@ -61,11 +61,13 @@ class Join(Operator):
         d_right = ctx.keyed(right, on)
         if self.how == "inner" and ctx.is_empty(0) != ctx.is_empty(1):
             return self._one_sided(ctx, d_left, d_right, on, [*on, *left_only, *right_only])
-        touched = add(d_left.select(*ROUTED, *on), d_right.select(*ROUTED, *on)).dropna(subset=on)
-        old_left = ctx.lookup("left", touched, on, d_left, null_safe=False)
-        old_right = ctx.lookup("right", touched, on, d_right, null_safe=False)
-        if self.how == "left":  # read by the inner terms and by the unmatched rows
-            old_left, old_right = ctx.share(old_left), ctx.share(old_right)
+        if self.how == "left":  # read by the inner terms and by the unmatched rows, for either side's keys
+            touched = add(_probe(d_left, on), _probe(d_right, on))
+            old_left = ctx.share(ctx.lookup("left", touched, on, d_left, null_safe=False))
+            old_right = ctx.share(ctx.lookup("right", touched, on, d_right, null_safe=False))
+        else:  # each trace meets only the other side's delta: only its keys are looked up
+            old_left = ctx.lookup("left", _probe(d_right, on), on, d_left, null_safe=False)
+            old_right = ctx.lookup("right", _probe(d_left, on), on, d_right, null_safe=False)
         ctx.stage("left", d_left)
         ctx.stage("right", d_right)
 
@@ -86,14 +88,17 @@ class Join(Operator):
         """The inner rule when one side's delta is known to be empty: ``ΔA ⋈ B`` (or
         ``A ⋈ ΔB``).  Only the other side's trace is read, for the keys of the delta."""
         if ctx.is_empty(1):
-            touched = d_left.select(*ROUTED, *on).dropna(subset=on)
             ctx.stage("left", d_left)
-            return _inner(
-                d_left, ctx.step.build(ctx.lookup("right", touched, on, d_right, null_safe=False)), on, columns
-            )
-        touched = d_right.select(*ROUTED, *on).dropna(subset=on)
+            old_right = ctx.lookup("right", _probe(d_left, on), on, d_right, null_safe=False)
+            return _inner(d_left, ctx.step.build(old_right), on, columns)
         ctx.stage("right", d_right)
-        return _inner(ctx.lookup("left", touched, on, d_left, null_safe=False), ctx.step.build(d_right), on, columns)
+        old_left = ctx.lookup("left", _probe(d_right, on), on, d_left, null_safe=False)
+        return _inner(old_left, ctx.step.build(d_right), on, columns)
+
+
+def _probe(delta: DataFrame, on: list[str]) -> DataFrame:
+    """The routing columns and join keys of ``delta``'s rows, null keys left out (they match nothing)."""
+    return delta.select(*ROUTED, *on).dropna(subset=on)
 
 
 def _unmatched_delta(d_left, d_right, old_left, old_right, on, left_only, pads) -> DataFrame:
@@ -161,7 +166,7 @@ class KeyedJoin(Operator):
     def evaluate(self, ctx: NodeContext, left: DataFrame, right: DataFrame) -> DataFrame:
         on = list(self.on)
         d_left, d_right = ctx.keyed(left, on), ctx.keyed(right, on)
-        touched = add(d_left.select(*ROUTED, *on), d_right.select(*ROUTED, *on)).dropna(subset=on)
+        touched = add(_probe(d_left, on), _probe(d_right, on))
         old_left = ctx.share(ctx.lookup("left", touched, on, d_left, null_safe=False))
         old_right = ctx.share(ctx.lookup("right", touched, on, d_right, null_safe=False))
         ctx.stage("left", d_left)

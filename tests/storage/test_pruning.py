@@ -1,0 +1,132 @@
+"""A lookup into a large trace reads only the files whose statistics admit the step's keys."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+from circuits import Circuit, from_rows
+from circuits.library import nexmark_circuit
+from storage import database
+from storage.database import may_hold
+from storage.delta import add_actions, open_table
+from storage.logs import Range
+from storage.pipeline import Pipeline
+
+from . import workload
+
+
+def _adds(**columns: list) -> pa.Table:
+    return pa.table({"path": [f"f{i}" for i in range(len(next(iter(columns.values()))))], **columns})
+
+
+def test_a_file_is_held_when_a_listed_value_lies_within_its_bounds_in_every_named_column():
+    adds = _adds(
+        **{
+            "min.k": [0, 10, 20, None],
+            "max.k": [9, 19, 29, None],
+            "null_count.k": [0, 0, 1, 5],
+            "min.s": ["a", "m", "a", "a"],
+            "max.s": ["l", "z", "z", "z"],
+        }
+    )
+    assert may_hold(adds, {"k": pa.array([12, 35])}) == [False, True, False, True]
+    assert may_hold(adds, {"k": pa.array([5, 15]), "s": pa.array(["n"])}) == [False, True, False, True]
+    assert may_hold(adds, {"k": pa.array([40, None])}) == [False, False, True, True]  # a listed null matches nulls
+    assert may_hold(adds, {"k": pa.array([], pa.int64())}) == [False, False, False, True]
+    assert may_hold(adds, {"v": pa.array([1])}) == [True] * 4  # no statistics of v: every file may hold it
+
+
+def _join():
+    circuit = Circuit("pruned")
+    left = circuit.input("left", "k bigint, a bigint")
+    right = circuit.input("right", "k bigint, b bigint")
+    left.join(right, "k").output("joined")
+    return circuit
+
+
+def _bounds(root: str, side: str) -> dict[str, tuple[int, int]]:
+    """Every file of the join's trace of ``side`` (by name) with its keys' min and max."""
+    (name,) = [n for n in os.listdir(os.path.join(root, "state")) if n.endswith(f".{side}")]
+    adds = add_actions(open_table(os.path.join(root, "state", name)))
+    lows, highs = adds.column("min.k").to_pylist(), adds.column("max.k").to_pylist()
+    return dict(zip(adds.column("path").to_pylist(), zip(lows, highs, strict=True), strict=True))
+
+
+def test_a_join_reads_only_the_trace_files_that_may_hold_the_other_sides_keys_and_is_right(
+    spark, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)  # every trace is looked up by its keys
+    read: list[str] = []
+    reading = database.read_files
+
+    def recorded(spark, uri, schema, paths, version=None):
+        read.extend(p.rsplit("/", 1)[-1] for p in paths)
+        return reading(spark, uri, schema, paths, version)
+
+    monkeypatch.setattr(database, "read_files", recorded)
+    root = str(tmp_path / "pruned")
+    # Steps 0-2 insert keys 100s..100s+9 on both sides; step 3 a new key and an old one on each.
+    steps = [([100 * s + i for i in range(10)],) * 2 for s in range(3)] + [([300, 5], [301, 205])]
+    for step, (left, right) in enumerate(steps):
+        before = {side: _bounds(root, side) for side in ("left", "right")} if step else {}
+        inputs = {
+            side: from_rows(spark, [(k, step, 1) for k in keys], f"k bigint, {c} bigint")
+            for side, c, keys in (("left", "a", left), ("right", "b", right))
+        }
+        pipeline = Pipeline(spark, root, _join(), workers=2)
+        pipeline.submit(step, inputs, [Range("r", 0, step, step + 1)])
+        del read[:]
+        pipeline.run()
+    # Each trace is read for the other side's keys: of its files before step 3, those whose
+    # bounds admit one (the left trace's of step 2, for 205; the right trace's of step 0, for 5).
+    for side, keys in (("left", steps[3][1]), ("right", steps[3][0])):
+        admitting = {path for path, (low, high) in before[side].items() if any(low <= k <= high for k in keys)}
+        assert admitting and set(read) & set(before[side]) == admitting, side
+    expected = Counter()
+    for left_step, (left, _) in enumerate(steps):
+        for right_step, (_, right) in enumerate(steps):
+            expected.update((k, left_step, right_step) for k in left if k in right)
+    joined = Counter()
+    for r in pipeline.read_outputs("joined", 0, 3).collect():
+        joined[(r["k"], r["a"], r["b"])] += r["_weight"]
+    assert +joined == expected
+
+
+def _demo_outputs(spark, root: str, steps: int) -> dict[str, Counter]:
+    """The demo circuit's four views after ``steps`` steps of Nexmark events with deletes."""
+    pipeline = Pipeline(spark, root, nexmark_circuit("pruned"), workers=2)
+    for step in range(steps):
+        pipeline.submit(step, workload.inputs(spark, 3, step), [Range("n", 0, step, step + 1)])
+    pipeline.run()
+    views = {}
+    for view in ("bids_by_category", "q3", "q4", "q15"):
+        rows = pipeline.read_outputs(view, 0, steps - 1).drop("_step").collect()
+        integral = Counter()
+        for r in rows:
+            integral[tuple(round(v, 6) if isinstance(v, float) else v for v in r[:-1])] += r["_weight"]
+        views[view] = +integral
+    return views
+
+
+@pytest.mark.slow
+def test_the_demo_views_are_the_same_with_every_lookup_pruned_and_a_pruned_lookup_skips_files(
+    spark, tmp_path, monkeypatch
+):
+    expected = _demo_outputs(spark, str(tmp_path / "in-place"), 4)
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
+    scanned, kept = [], []
+    scan_keys = database.DeltaStateStore.scan_keys
+
+    def counted(self, table, keys):
+        scanned.append(len(database.paths(self._pinned(table))))
+        trace = scan_keys(self, table, keys)
+        kept.append(len(trace.inputFiles()))
+        return trace
+
+    monkeypatch.setattr(database.DeltaStateStore, "scan_keys", counted)
+    assert _demo_outputs(spark, str(tmp_path / "pruned"), 4) == expected
+    assert sum(kept) < sum(scanned)
