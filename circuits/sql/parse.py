@@ -142,6 +142,8 @@ def _view(statement: str, line: int, file: str) -> View:
 def _refuse_unsupported(view: View, statement: str) -> None:
     for node in view.query.walk():
         reason = next((r for kind, r in _REFUSED_NODES.items() if isinstance(node, kind)), None)
+        if isinstance(node, exp.Limit) and node.parent is not None and node.parent.args.get("order"):
+            reason = "ORDER BY ... LIMIT (the first rows of the whole result: a top-k)"
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
         if reason is not None:
