@@ -226,3 +226,19 @@ def dagster_dev(
         log.close()
         if spark_port:
             stop_connect_server(str(tmp_path / "spark"), spark_port)
+
+
+def python_without_spark(code: str, *args: str) -> str:
+    """What ``code`` prints in a new Python process of this project, which starts no Spark
+    unless ``code`` does (as a code server, when it loads the definitions)."""
+    project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": project},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
