@@ -79,7 +79,7 @@ class _Scope:
         name, table = column.name.lower(), column.table.lower()
         found = [c for c in self.cols if c.name.lower() == name and (not table or (c.qualifier or "").lower() == table)]
         if len(found) > 1:
-            raise SqlError(f"column {column.sql(DIALECT)} is ambiguous; qualify it with its table")
+            raise SqlError(f"column {column.sql(DIALECT)} is ambiguous; qualify it with its table", node=column)
         return found[0] if found else None
 
     def is_local(self, expression: exp.Expression) -> bool:
@@ -128,7 +128,7 @@ class _Compiler:
             output = self._analyse(view)
             rel = self.query(view.query, None)
         except SqlError as e:
-            raise view.error(str(e)) from e
+            raise view.error(str(e), _line(e.node)) from e
         if len(rel.cols) != len(output.fields):
             raise view.error(f"the view has {len(rel.cols)} columns where Spark sees {len(output.fields)}")
         columns = [F.col(c.internal).cast(f.dataType).alias(f.name) for c, f in zip(rel.cols, output.fields)]
@@ -213,7 +213,8 @@ class _Compiler:
             for predicate in _predicate_subqueries(e) if e is not None else []:
                 raise SqlError(
                     f"{_kind_of(predicate)} subquery in the select list or HAVING is not supported: "
-                    f"{predicate.sql(DIALECT)[:80]}; test it in WHERE, or join with the subquery in FROM"
+                    f"{predicate.sql(DIALECT)[:80]}; test it in WHERE, or join with the subquery in FROM",
+                    node=predicate,
                 )
         rel = self.from_(node, outer)
         scope = _Scope(rel.cols, outer, {e.alias.lower(): e.this for e in node.expressions if isinstance(e, exp.Alias)})
@@ -246,7 +247,7 @@ class _Compiler:
                 # A column without a name is a scalar subquery's value, joined in: not the FROM's.
                 cols = [c for c in scope.cols if c.name and (not table or (c.qualifier or "").lower() == table)]
                 if not cols:
-                    raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause")
+                    raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause", node=e)
                 items += [(c.name, c.internal) for c in cols]
             else:
                 items.append((e.alias_or_name, self.resolve(e.unalias(), scope)))
@@ -286,7 +287,7 @@ class _Compiler:
             base = self.query(node.this, outer)
             qualifier = node.alias or None
         else:
-            raise SqlError(f"not supported in FROM: {node.sql(DIALECT)[:60]}")
+            raise SqlError(f"not supported in FROM: {node.sql(DIALECT)[:60]}", node=node)
         base = base.renamed(node.alias_column_names)
         cols = [Col(qualifier, c.name, self.fresh()) for c in base.cols]
         stream = base.stream.select(*[F.col(b.internal).alias(c.internal) for b, c in zip(base.cols, cols)])
@@ -312,7 +313,7 @@ class _Compiler:
         """``left`` joined with ``right`` as ``node`` says; an inner join without ``ON`` is
         keyed by the equalities between the two sides among ``implied`` (the WHERE's conjuncts)."""
         if node.args.get("using") or node.method:
-            raise SqlError(f"not supported: {node.method or 'USING'} join; write the condition with ON")
+            raise SqlError(f"not supported: {node.method or 'USING'} join; write the condition with ON", node=node)
         kind, side = (node.kind or "").upper(), (node.side or "").upper()
         condition = node.args.get("on")
         if kind in ("SEMI", "ANTI"):
@@ -320,7 +321,7 @@ class _Compiler:
         elif kind in ("", "INNER", "CROSS", "OUTER"):
             how = _JOIN_SIDES[side]
         else:
-            raise SqlError(f"not supported: {kind} JOIN")
+            raise SqlError(f"not supported: {kind} JOIN", node=node)
         both = _Scope([*left.cols, *right.cols])
         pairs, rest = _split_equalities(_conjuncts(condition), _Scope(left.cols), _Scope(right.cols))
         if condition is None and how == "inner":
@@ -363,7 +364,8 @@ class _Compiler:
             for predicate in _predicate_subqueries(c):
                 raise SqlError(
                     f"{_kind_of(predicate)} subquery is supported only as a conjunct of WHERE, not inside "
-                    f"{c.sql(DIALECT)[:80]}; make it a conjunct of its own (an OR of it: a UNION of two views)"
+                    f"{c.sql(DIALECT)[:80]}; make it a conjunct of its own (an OR of it: a UNION of two views)",
+                    node=predicate,
                 )
             (scalars if _scalar_subqueries(c) else plain).append(c)
         if plain:
@@ -412,7 +414,8 @@ class _Compiler:
                 raise SqlError(
                     f"a scalar subquery correlated by {rest[0].sql(DIALECT)[:60]} is not supported"
                     f"{' in HAVING or beside aggregates' if correlate is None else ''}: {subquery.sql(DIALECT)[:80]}; "
-                    "correlate it by equalities outer = inner only, in WHERE or a select list without aggregates"
+                    "correlate it by equalities outer = inner only, in WHERE or a select list without aggregates",
+                    node=rest[0],
                 )
             if local:
                 inner = self.where(inner, inner_scope, exp.and_(*local))
@@ -443,7 +446,7 @@ class _Compiler:
         if isinstance(predicate, exp.In):
             single = len(query.expressions) == 1 if isinstance(query, exp.Select) else len(inner.cols) == 1
             if isinstance(predicate.this, exp.Tuple) or not single:
-                raise SqlError("IN (subquery) of several columns is not supported")
+                raise SqlError("IN (subquery) of several columns is not supported", node=predicate)
             value = (self.resolve(predicate.this, scope), inner.cols[-1].internal)
             if negated:
                 residual = _and(residual, f"coalesce(({value[0]}) = ({value[1]}), true)")
@@ -488,7 +491,9 @@ class _Compiler:
             for call in _outside_subqueries(e) if e else []:
                 if isinstance(call, exp.AggFunc):
                     if _has_subquery(call):
-                        raise SqlError(f"a subquery inside an aggregate is not supported: {call.sql(DIALECT)[:80]}")
+                        raise SqlError(
+                            f"a subquery inside an aggregate is not supported: {call.sql(DIALECT)[:80]}", node=call
+                        )
                     calls.setdefault(self.resolve(call, scope), (self.fresh(), call))
         key_cols = [self.fresh() for _ in keys]
         grouped, values = self.grouped(rel, scope, dict(zip(key_cols, keys)), calls)
@@ -516,7 +521,7 @@ class _Compiler:
         items = []
         for e in node.expressions:
             if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
-                raise SqlError("SELECT * with GROUP BY; list the columns")
+                raise SqlError("SELECT * with GROUP BY; list the columns", node=e)
             items.append((e.alias_or_name, rewrite(e.unalias())))
         return grouped, _Scope(grouped.cols), items
 
@@ -572,7 +577,7 @@ class _Compiler:
         if isinstance(g, exp.Literal) and not g.is_string:
             position = int(g.name)
             if not 1 <= position <= len(node.expressions):
-                raise SqlError(f"GROUP BY {position}: the select list has {len(node.expressions)} items")
+                raise SqlError(f"GROUP BY {position}: the select list has {len(node.expressions)} items", node=g)
             return node.expressions[position - 1].unalias()
         return g
 
@@ -594,9 +599,18 @@ class _Compiler:
             alias = scope.aliases.get(n.name.lower()) if not n.table else None
             if alias is not None:
                 return exp.maybe_parse(self.resolve(alias, scope), dialect=DIALECT)
-            raise SqlError(f"unknown column {n.sql(DIALECT)}")
+            raise SqlError(f"unknown column {n.sql(DIALECT)}", node=n)
 
         return e.copy().transform(rename).sql(DIALECT)
+
+
+def _line(node: object) -> int | None:
+    """The line of ``node``'s first name in the file (the view's text is parsed at its
+    place in the file), or None."""
+    if not isinstance(node, exp.Expression):
+        return None
+    lines = [i.meta["line"] for i in node.walk() if isinstance(i, exp.Identifier) and "line" in i.meta]
+    return min(lines, default=None)
 
 
 def _columns(e: exp.Expression) -> list[exp.Column]:
@@ -641,12 +655,14 @@ def _check_scalar(subquery: exp.Subquery) -> None:
     if not isinstance(query, exp.Select) or not _is_aggregate(query) or query.args.get("distinct"):
         raise SqlError(
             f"a scalar subquery that is not an aggregate: {text}; Spark fails when it gives several rows, so "
-            "write it as an aggregate (max, sum, ...) or join with it in FROM"
+            "write it as an aggregate (max, sum, ...) or join with it in FROM",
+            node=subquery,
         )
     if query.args.get("having") or len(query.expressions) != 1 or _has_subquery(query.expressions[0]):
         raise SqlError(
             f"not supported: a scalar subquery with HAVING, several columns or a subquery in its select list: "
-            f"{text}; join with it in FROM"
+            f"{text}; join with it in FROM",
+            node=subquery,
         )
 
 
@@ -659,14 +675,16 @@ def _scalar_item(subquery: exp.Subquery, keys: list[exp.Expression]) -> exp.Expr
     if group and sorted(g.sql(DIALECT) for g in group) != key_texts:
         raise SqlError(
             f"a scalar subquery grouped by other columns than it correlates on may give several rows: {text}; "
-            "group it by the inner columns of its equalities outer = inner, or not at all"
+            "group it by the inner columns of its equalities outer = inner, or not at all",
+            node=subquery,
         )
     item = query.expressions[0].unalias()
     for column in _columns(item.transform(lambda n: exp.null() if isinstance(n, exp.AggFunc) else n)):
         if column.sql(DIALECT) not in key_texts:
             raise SqlError(
                 f"a scalar subquery's value reads {column.sql(DIALECT)} outside an aggregate: {text}; "
-                "aggregate it, or join with the subquery in FROM"
+                "aggregate it, or join with the subquery in FROM",
+                node=column,
             )
     return item
 
@@ -731,10 +749,10 @@ def _aggregate_kind(call: exp.AggFunc) -> tuple[str, exp.Expression | None]:
     kind = next((k for t, k in _AGGREGATES.items() if type(call) is t), None)
     argument = call.this
     if kind is None:
-        raise SqlError(f"not supported: the aggregate {call.sql(DIALECT)}; use count, sum, avg, min or max")
+        raise SqlError(f"not supported: the aggregate {call.sql(DIALECT)}; use count, sum, avg, min or max", node=call)
     if isinstance(argument, exp.Distinct):
         if kind != "count" or len(argument.expressions) != 1:
-            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT one_expression)")
+            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT one_expression)", node=call)
         return "count_distinct", argument.expressions[0]
     if isinstance(argument, exp.Star):
         return "count", None

@@ -6,6 +6,7 @@ them all, so that one random sequence of inserts and deletes exercises every vie
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -130,7 +131,8 @@ def test_load_errors_name_the_file_line_view_and_cause(spark, query, cause):
     with pytest.raises(SqlError) as raised:
         compile_sql(text, SCHEMAS, spark, file="views.sql")
     message = str(raised.value)
-    assert message.startswith("views.sql:3, view 'bad': ") and cause.lower() in message.lower()
+    # Line 3 (the view's) for Spark's analysis, line 4 (the construct's) for the compiler's refusals.
+    assert re.match(r"views\.sql:[34], view 'bad': ", message) and cause.lower() in message.lower()
 
 
 @pytest.mark.slow

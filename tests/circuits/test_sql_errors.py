@@ -86,7 +86,7 @@ SCHEMAS = {"a": "k int, v int, s string", "b": "k bigint, x int, d double"}
 def compile_refusal(spark, query: str) -> str:
     with pytest.raises(SqlError) as raised:
         compile_sql(
-            f"CREATE MATERIALIZED VIEW fine AS SELECT k FROM a;\nCREATE MATERIALIZED VIEW bad AS {query};",
+            f"CREATE MATERIALIZED VIEW fine AS SELECT k FROM a;\nCREATE MATERIALIZED VIEW bad AS\n{query};",
             SCHEMAS,
             spark,
             file="views.sql",
@@ -94,14 +94,16 @@ def compile_refusal(spark, query: str) -> str:
     return str(raised.value)
 
 
-def test_compiler_refusals_name_the_construct_seen(spark):
-    """The compiler's refusals (with Spark) blame what the query holds: an ``IN`` subquery
-    under ``OR`` is named as such, not as a scalar subquery, and vice versa."""
-    message = compile_refusal(spark, "SELECT k, v FROM a WHERE k = 1 OR v IN (SELECT x FROM b)")
-    assert message.startswith("views.sql:2, view 'bad': IN subquery is supported only as a conjunct of WHERE")
+def test_compiler_refusals_name_the_construct_seen_and_its_line(spark):
+    """The compiler's refusals (with Spark) blame what the query holds, at its line: an
+    ``IN`` subquery under ``OR`` is named as such, not as a scalar subquery, and vice versa."""
+    message = compile_refusal(spark, "SELECT k, v FROM a\nWHERE k = 1\n  OR v IN (SELECT x FROM b)")
+    assert message.startswith("views.sql:5, view 'bad': IN subquery is supported only as a conjunct of WHERE")
     assert "UNION" in message
-    message = compile_refusal(spark, "SELECT k, EXISTS (SELECT 1 FROM b WHERE b.k = a.k) AS e FROM a")
-    assert "EXISTS subquery in the select list or HAVING is not supported" in message
+    message = compile_refusal(spark, "SELECT k,\n  EXISTS (SELECT 1 FROM b WHERE b.k = a.k) AS e FROM a")
+    assert message.startswith("views.sql:4, view 'bad': EXISTS subquery in the select list or HAVING")
+    message = compile_refusal(spark, "SELECT k FROM a\nWHERE v > (SELECT x\n  FROM b)")
+    assert message.startswith("views.sql:4, view 'bad': a scalar subquery that is not an aggregate")
 
 
 def test_nested_in_subqueries_under_a_scalar_one_compile(spark):

@@ -94,4 +94,4 @@ def test_scalar_subqueries_that_may_give_several_rows_are_refused(spark, query, 
     with pytest.raises(SqlError) as raised:
         compile_sql(text, SCHEMAS, spark, file="views.sql")
     message = str(raised.value)
-    assert message.startswith("views.sql:3, view 'bad': ") and cause in message, message
+    assert message.startswith("views.sql:4, view 'bad': ") and cause in message, message
