@@ -36,7 +36,7 @@ from circuits.circuit import Circuit
 from circuits.errors import DbspError
 from circuits.library.nexmark_queries import NEXMARK_SQL
 from circuits.sql import SqlError, View, compile_sql, parse_views
-from circuits.sql.parse import read_tables, views_read
+from circuits.sql.parse import check_columns, ddl_columns, ddl_fields, read_tables, views_read
 from circuits.zset import parse_schema
 from gateway.config import GatewaySpec, SourceSpec
 
@@ -174,7 +174,7 @@ class PipelineSpec(BaseModel):
             try:
                 parse_schema(ddl)
             except Exception as e:
-                untyped = [c.strip() for c in ddl.split(",") if len(c.split()) < 2 and not set(c) & set(":<>")]
+                untyped = [c.strip() for c in ddl_fields(ddl) if len(c.split()) < 2 and not set(c) & set(":<>")]
                 if not untyped and not _spark_there():
                     continue  # a nested type, for Spark's parser when the run opens its session
                 reason = f"{untyped[0]!r} has no type" if untyped else str(e)
@@ -252,10 +252,17 @@ class PipelineSpec(BaseModel):
         return self
 
     def _compiled_if_session(self) -> Circuit | None:
-        """The SQL compiled now if a Spark session is there (names and types checked), else at the run."""
+        """The SQL compiled now if a Spark session is there (names and types checked); else its
+        column names checked without Spark, and the SQL compiled at the run."""
         schemas = self.input_schemas()
         session = SparkSession.getActiveSession()
-        return None if session is None else self._compile(session, schemas)
+        if session is None:
+            try:
+                check_columns(self.sql_views, {h: ddl_columns(ddl) for h, ddl in schemas.items()})
+            except SqlError as e:
+                raise ValueError(f"sql: {e}") from None
+            return None
+        return self._compile(session, schemas)
 
     def _compile(self, session: SparkSession, schemas: dict[str, str]) -> Circuit:
         try:

@@ -100,11 +100,12 @@ class Aggregate(Operator):
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
         keys = list(self.keys)
         d = ctx.keyed(delta, keys)
+        schema = ctx.schema(0, delta)
         partial = d.groupBy(*ROUTED, *keys).agg(
             F.sum(WEIGHT).alias(_ROWS),
-            *[p.alias(name) for i, (_, a) in enumerate(self.aggs) for name, p in _partials(i, a).items()],
+            *[p.alias(name) for i, (_, a) in enumerate(self.aggs) for name, p in _partials(i, a, schema).items()],
         )
-        template = self._state_template(partial, ctx.schema(0, delta))
+        template = self._state_template(partial, schema)
         before = ctx.share(ctx.lookup("groups", partial, keys, template, null_safe=True))
         # Each contribution is a set of per-group rows; summed (or min/max-ed) per group they
         # give the accumulators after the step.  While the input only inserts, a group's new
@@ -233,18 +234,31 @@ class Aggregate(Operator):
         return state.where(F.col(_ROWS) > 0).select(PART, *self.keys, *values, F.lit(sign).cast("bigint").alias(WEIGHT))
 
 
-def _partials(i: int, a: Agg) -> dict[str, Column]:
-    """The per-group partial accumulators of one step's delta for aggregate ``i``."""
+def _partials(i: int, a: Agg, schema: T.StructType | None = None) -> dict[str, Column]:
+    """The per-group partial accumulators of one step's delta for aggregate ``i`` (over
+    columns of ``schema``; without it, only their names are meant)."""
     w = weight()
     if a.kind == "count":
         counted = w if a.column is None else F.when(F.col(a.column).isNotNull(), w).otherwise(0)
         return {f"_a{i}": F.sum(counted)}
     if a.kind in ("sum", "avg"):
         return {
-            f"_a{i}": F.sum(F.col(a.column) * w),
+            f"_a{i}": F.sum(_weighted(a.column, schema[a.column].dataType if schema else None)),
             f"_n{i}": F.sum(F.when(F.col(a.column).isNotNull(), w).otherwise(0)),
         }
     return {}
+
+
+def _weighted(column: str, kind: T.DataType | None) -> Column:
+    """``column`` times the row's weight.  A ``decimal(p, s)`` keeps its scale: its
+    product with a bigint weight (a ``decimal(20, 0)``) has a precision over 38 once
+    ``p > 17``, which Spark rounds to 6 decimals.  Weights are 1 or -1 but for repeated
+    rows, whose product, with the weight as a ``decimal(10, 0)``, is exact while ``p <= 27``."""
+    value, w = F.col(column), weight()
+    if not isinstance(kind, T.DecimalType):
+        return value * w
+    product = value * w.cast(T.DecimalType(10, 0))
+    return F.when(w == 1, value).when(w == -1, -value).otherwise(product).cast(T.DecimalType(38, kind.scale))
 
 
 def _shape(df: DataFrame, state: list[str], keys: list[str], provided: list[str]) -> DataFrame:

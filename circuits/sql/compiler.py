@@ -12,8 +12,9 @@ and types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
@@ -70,12 +71,15 @@ class _Scope:
     outer: _Scope | None = None
     aliases: dict[str, exp.Expression] = field(default_factory=dict)
     """Select-list aliases that GROUP BY and HAVING may name (Spark resolves them)."""
+    scalars: dict[str, str] = field(default_factory=dict)
+    """The scalar subqueries joined into the relation (their SQL): each one's value, as
+    Spark SQL over internal names."""
 
     def find(self, column: exp.Column) -> Col | None:
         name, table = column.name.lower(), column.table.lower()
         found = [c for c in self.cols if c.name.lower() == name and (not table or (c.qualifier or "").lower() == table)]
         if len(found) > 1:
-            raise SqlError(f"column {column.sql(DIALECT)} is ambiguous; qualify it with its table")
+            raise SqlError(f"column {column.sql(DIALECT)} is ambiguous; qualify it with its table", node=column)
         return found[0] if found else None
 
     def is_local(self, expression: exp.Expression) -> bool:
@@ -124,7 +128,7 @@ class _Compiler:
             output = self._analyse(view)
             rel = self.query(view.query, None)
         except SqlError as e:
-            raise view.error(str(e)) from e
+            raise view.error(str(e), _line(e.node)) from e
         if len(rel.cols) != len(output.fields):
             raise view.error(f"the view has {len(rel.cols)} columns where Spark sees {len(output.fields)}")
         columns = [F.col(c.internal).cast(f.dataType).alias(f.name) for c, f in zip(rel.cols, output.fields)]
@@ -159,6 +163,16 @@ class _Compiler:
     def query(self, node: exp.Expression, outer: _Scope | None) -> Rel:
         if isinstance(node, exp.Subquery):
             return self.query(node.this, outer)
+        with self.common_tables(node, outer):
+            if isinstance(node, exp.Select):
+                return self.select(node, outer)
+            if isinstance(node, (exp.Union, exp.Except, exp.Intersect)):
+                return self.set_operation(node, outer)
+            raise SqlError(f"not supported: {type(node).__name__} ({node.sql(DIALECT)[:60]})")
+
+    @contextmanager
+    def common_tables(self, node: exp.Expression, outer: _Scope | None) -> Iterator[None]:
+        """The CTEs of ``node``'s ``WITH``, readable by name while compiling ``node``."""
         with_ = node.args.get("with_")
         self.ctes.append({})
         try:
@@ -166,11 +180,7 @@ class _Compiler:
                 self.ctes[-1][cte.alias_or_name.lower()] = (
                     self.query(cte.this, outer).named(None).renamed(cte.alias_column_names)
                 )
-            if isinstance(node, exp.Select):
-                return self.select(node, outer)
-            if isinstance(node, (exp.Union, exp.Except, exp.Intersect)):
-                return self.set_operation(node, outer)
-            raise SqlError(f"not supported: {type(node).__name__} ({node.sql(DIALECT)[:60]})")
+            yield
         finally:
             self.ctes.pop()
 
@@ -200,24 +210,23 @@ class _Compiler:
         if node.args.get("from_") is None:
             raise SqlError("SELECT without FROM is not supported; read a table")
         for e in [*node.expressions, node.args.get("having")]:
-            if e is not None and _has_subquery(e):
+            for predicate in _predicate_subqueries(e) if e is not None else []:
                 raise SqlError(
-                    f"a subquery in the select list or HAVING is not supported: {e.sql(DIALECT)[:80]}; "
-                    "join with it in FROM instead"
+                    f"{_kind_of(predicate)} subquery in the select list or HAVING is not supported: "
+                    f"{predicate.sql(DIALECT)[:80]}; test it in WHERE, or join with the subquery in FROM",
+                    node=predicate,
                 )
         rel = self.from_(node, outer)
         scope = _Scope(rel.cols, outer, {e.alias.lower(): e.this for e in node.expressions if isinstance(e, exp.Alias)})
         where = node.args.get("where")
         if where is not None:
             rel = self.where(rel, scope, where.this)
-        aggregated = node.args.get("group") is not None or any(
-            isinstance(n, exp.AggFunc) for e in [*node.expressions, node.args.get("having")] if e for n in e.walk()
-        )
-        if aggregated:
+        if _is_aggregate(node):
             rel, scope, items = self.aggregate(node, rel, scope)
         else:
             if node.args.get("having") is not None:
                 raise SqlError("HAVING without GROUP BY or aggregates")
+            rel, scope = self.with_scalars(rel, scope, node.expressions, scope)
             items = self.items(node, scope)
         rel = self.project(rel, items)
         return Rel(rel.stream.distinct(), rel.cols, rel.types) if node.args.get("distinct") else rel
@@ -235,9 +244,10 @@ class _Compiler:
             )
             if star is not None:
                 table = e.table.lower() if isinstance(e, exp.Column) else ""
-                cols = [c for c in scope.cols if not table or (c.qualifier or "").lower() == table]
+                # A column without a name is a scalar subquery's value, joined in: not the FROM's.
+                cols = [c for c in scope.cols if c.name and (not table or (c.qualifier or "").lower() == table)]
                 if not cols:
-                    raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause")
+                    raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause", node=e)
                 items += [(c.name, c.internal) for c in cols]
             else:
                 items.append((e.alias_or_name, self.resolve(e.unalias(), scope)))
@@ -277,7 +287,7 @@ class _Compiler:
             base = self.query(node.this, outer)
             qualifier = node.alias or None
         else:
-            raise SqlError(f"not supported in FROM: {node.sql(DIALECT)[:60]}")
+            raise SqlError(f"not supported in FROM: {node.sql(DIALECT)[:60]}", node=node)
         base = base.renamed(node.alias_column_names)
         cols = [Col(qualifier, c.name, self.fresh()) for c in base.cols]
         stream = base.stream.select(*[F.col(b.internal).alias(c.internal) for b, c in zip(base.cols, cols)])
@@ -303,7 +313,7 @@ class _Compiler:
         """``left`` joined with ``right`` as ``node`` says; an inner join without ``ON`` is
         keyed by the equalities between the two sides among ``implied`` (the WHERE's conjuncts)."""
         if node.args.get("using") or node.method:
-            raise SqlError(f"not supported: {node.method or 'USING'} join; write the condition with ON")
+            raise SqlError(f"not supported: {node.method or 'USING'} join; write the condition with ON", node=node)
         kind, side = (node.kind or "").upper(), (node.side or "").upper()
         condition = node.args.get("on")
         if kind in ("SEMI", "ANTI"):
@@ -311,7 +321,7 @@ class _Compiler:
         elif kind in ("", "INNER", "CROSS", "OUTER"):
             how = _JOIN_SIDES[side]
         else:
-            raise SqlError(f"not supported: {kind} JOIN")
+            raise SqlError(f"not supported: {kind} JOIN", node=node)
         both = _Scope([*left.cols, *right.cols])
         pairs, rest = _split_equalities(_conjuncts(condition), _Scope(left.cols), _Scope(right.cols))
         if condition is None and how == "inner":
@@ -345,20 +355,87 @@ class _Compiler:
 
     # WHERE and subqueries
     def where(self, rel: Rel, scope: _Scope, condition: exp.Expression) -> Rel:
-        plain, subqueries = [], []
+        plain, subqueries, scalars = [], [], []
         for c in _conjuncts(condition):
             inner = c.this if isinstance(c, exp.Not) else c
             if isinstance(inner, exp.Exists) or (isinstance(inner, exp.In) and inner.args.get("query")):
                 subqueries.append((inner, isinstance(c, exp.Not)))
-            elif _has_subquery(c):
-                raise SqlError(f"a subquery is supported only as a conjunct of WHERE: {c.sql(DIALECT)[:80]}")
-            else:
-                plain.append(c)
+                continue
+            for predicate in _predicate_subqueries(c):
+                raise SqlError(
+                    f"{_kind_of(predicate)} subquery is supported only as a conjunct of WHERE, not inside "
+                    f"{c.sql(DIALECT)[:80]}; make it a conjunct of its own (an OR of it: a UNION of two views)",
+                    node=predicate,
+                )
+            (scalars if _scalar_subqueries(c) else plain).append(c)
         if plain:
             rel = Rel(rel.stream.filter(F.expr(self.resolve(exp.and_(*plain), scope))), rel.cols, rel.types)
         for predicate, negated in subqueries:
             rel = self.semi_join(rel, scope, predicate, negated)
+        if scalars:
+            joined, with_values = self.with_scalars(rel, scope, scalars, scope)
+            kept = joined.stream.filter(F.expr(self.resolve(exp.and_(*scalars), with_values)))
+            rel = Rel(kept.select(*[c.internal for c in rel.cols]), rel.cols, rel.types)
         return rel
+
+    def with_scalars(
+        self, rel: Rel, scope: _Scope, expressions: list[exp.Expression], correlate: _Scope | None
+    ) -> tuple[Rel, _Scope]:
+        """``rel`` with the value of each scalar subquery of ``expressions`` beside each row,
+        and ``scope`` resolving those subqueries to their values.  They may read the columns
+        of ``correlate`` (None: no outer column)."""
+        scalars = dict(scope.scalars)
+        for e in expressions:
+            for subquery in _scalar_subqueries(e):
+                if subquery.sql(DIALECT) not in scalars:
+                    rel, scalars[subquery.sql(DIALECT)] = self.scalar(rel, subquery, correlate)
+        return rel, replace(scope, cols=rel.cols, scalars=scalars)
+
+    def scalar(self, rel: Rel, subquery: exp.Subquery, correlate: _Scope | None) -> tuple[Rel, str]:
+        """A scalar subquery ``(q)`` joined to ``rel``, and its value (Spark SQL).
+
+        Spark fails when ``q`` gives more than one row, so only an aggregate is taken.
+        Uncorrelated and without ``GROUP BY``, it has exactly one row (a global aggregate),
+        joined to every row on a constant key.  Correlated by equalities ``outer = inner``
+        (and grouped by nothing or by the inner sides), it is the aggregate grouped by the
+        inner sides, left-joined on them; a row without a group gets the aggregate over no
+        rows (``count`` 0, the others NULL), as in Spark, or NULL when ``q`` has a GROUP BY."""
+        query = subquery.this
+        _check_scalar(subquery)
+        outer = correlate or _Scope([])
+        with self.common_tables(query, outer):
+            inner = self.from_(query, outer)
+            inner_scope = _Scope(inner.cols, outer)
+            where = query.args.get("where")
+            conjuncts = _conjuncts(where.this if where else None)
+            local = [c for c in conjuncts if inner_scope.is_local(c)]
+            pairs, rest = _split_equalities([c for c in conjuncts if c not in local], outer, inner_scope)
+            if rest:
+                raise SqlError(
+                    f"a scalar subquery correlated by {rest[0].sql(DIALECT)[:60]} is not supported"
+                    f"{' in HAVING or beside aggregates' if correlate is None else ''}: {subquery.sql(DIALECT)[:80]}; "
+                    "correlate it by equalities outer = inner only, in WHERE or a select list without aggregates",
+                    node=rest[0],
+                )
+            if local:
+                inner = self.where(inner, inner_scope, exp.and_(*local))
+            keys = [i for _, i in pairs]
+            item = _scalar_item(subquery, keys)
+            shaped = query.copy()
+            shaped.set("where", None)
+            shaped.set("group", exp.Group(expressions=[k.copy() for k in keys]) if keys else None)
+            shaped.set("expressions", [*[k.copy() for k in keys], item.copy(), exp.true()])
+            grouped, _, items = self.aggregate(shaped, inner, inner_scope)
+            values = self.project(grouped, items)
+        on = [(self.resolve(o, outer), c.internal) for (o, _), c in zip(pairs, values.cols)]
+        joined = self.keyed_join(rel, values, on, None, "left" if pairs else "inner")
+        # Nameless: the values are no column of the FROM (``*`` leaves them out).
+        hidden = [Col(None, "", c.internal) for c in values.cols]
+        value, marker = values.cols[-2].internal, values.cols[-1].internal
+        if pairs:
+            empty = "NULL" if _group_by(query) else _over_no_rows(item)
+            value = f"CASE WHEN {marker} IS NULL THEN {empty} ELSE {value} END"
+        return Rel(joined.stream, [*rel.cols, *hidden], joined.types), value
 
     def semi_join(self, rel: Rel, scope: _Scope, predicate: exp.Expression, negated: bool) -> Rel:
         """``[NOT] EXISTS (q)`` and ``x [NOT] IN (q)`` as a semi (anti) join of ``rel`` with
@@ -369,7 +446,7 @@ class _Compiler:
         if isinstance(predicate, exp.In):
             single = len(query.expressions) == 1 if isinstance(query, exp.Select) else len(inner.cols) == 1
             if isinstance(predicate.this, exp.Tuple) or not single:
-                raise SqlError("IN (subquery) of several columns is not supported")
+                raise SqlError("IN (subquery) of several columns is not supported", node=predicate)
             value = (self.resolve(predicate.this, scope), inner.cols[-1].internal)
             if negated:
                 residual = _and(residual, f"coalesce(({value[0]}) = ({value[1]}), true)")
@@ -411,51 +488,96 @@ class _Compiler:
         keys = [self.resolve(self._group_expression(g, node, scope), scope) for g in _group_by(node)]
         calls: dict[str, tuple[str, exp.AggFunc]] = {}
         for e in [*node.expressions, node.args.get("having")]:
-            for call in e.find_all(exp.AggFunc) if e else []:
-                text = self.resolve(call, scope)
-                calls.setdefault(text, (self.fresh(), call))
-        key_cols = [self.fresh() for _ in keys] or [self.fresh()]
-        arguments, aggs = {}, {}
-        for out, call in calls.values():
-            kind, argument = _aggregate_kind(call)
-            column = None
-            if argument is not None:
-                column = arguments.setdefault(self.resolve(argument, scope), self.fresh())
-            aggs[out] = ops.Agg(kind, column)
-        projected = {**dict(zip(key_cols, keys or ["0"])), **{c: text for text, c in arguments.items()}}
-        types = self.types_of(rel.schema(), projected)
-        grouped = (
-            rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()]).group_by(*key_cols).agg(**aggs)
+            for call in _outside_subqueries(e) if e else []:
+                if isinstance(call, exp.AggFunc):
+                    if _has_subquery(call):
+                        raise SqlError(
+                            f"a subquery inside an aggregate is not supported: {call.sql(DIALECT)[:80]}", node=call
+                        )
+                    calls.setdefault(self.resolve(call, scope), (self.fresh(), call))
+        key_cols = [self.fresh() for _ in keys]
+        grouped, values = self.grouped(rel, scope, dict(zip(key_cols, keys)), calls)
+        having = node.args.get("having")
+        # Scalar subqueries of HAVING and the select list join the groups: uncorrelated only.
+        grouped, with_values = self.with_scalars(
+            grouped, _Scope(grouped.cols), [e for e in [having, *node.expressions] if e is not None], None
         )
-        types.update({out: _aggregate_type(a, types) for out, a in aggs.items()})
-        if not keys:
-            zeros = tuple(out for out, a in aggs.items() if a.kind in ("count", "count_distinct"))
-            grouped = grouped.select(*aggs).default_row(*zeros)
-        replacements = {**dict(zip(keys, key_cols)), **{text: out for text, (out, _) in calls.items()}}
+        scope = replace(scope, scalars=with_values.scalars)
+        replacements = {**dict(zip(keys, key_cols)), **values}
 
         def rewrite(e: exp.Expression) -> str:
             resolved = exp.maybe_parse(self.resolve(e, scope), dialect=DIALECT)
             return resolved.transform(
-                lambda n: exp.column(replacements[n.sql(DIALECT)]) if n.sql(DIALECT) in replacements else n
+                lambda n: (
+                    exp.paren(exp.maybe_parse(replacements[n.sql(DIALECT)], dialect=DIALECT))
+                    if n.sql(DIALECT) in replacements
+                    else n
+                )
             ).sql(DIALECT)
 
         having = node.args.get("having")
         if having is not None:
-            grouped = grouped.filter(F.expr(rewrite(having.this)))
+            grouped = Rel(grouped.stream.filter(F.expr(rewrite(having.this))), grouped.cols, grouped.types)
         items = []
         for e in node.expressions:
             if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
-                raise SqlError("SELECT * with GROUP BY; list the columns")
+                raise SqlError("SELECT * with GROUP BY; list the columns", node=e)
             items.append((e.alias_or_name, rewrite(e.unalias())))
-        cols = [Col(None, c, c) for c in [*(key_cols if keys else []), *aggs]]
-        return Rel(grouped, cols, types), _Scope(cols), items
+        return grouped, _Scope(grouped.cols), items
+
+    def grouped(
+        self, rel: Rel, scope: _Scope, keys: dict[str, str], calls: dict[str, tuple[str, exp.AggFunc]]
+    ) -> tuple[Rel, dict[str, str]]:
+        """``rel`` grouped by ``keys`` (column -> Spark SQL; none: one global group, also
+        over no rows) with the aggregate ``calls`` (Spark SQL -> column, call), and each
+        call's value over the groups' columns (Spark SQL)."""
+        arguments: dict[str, str] = {}
+        for _, call in calls.values():
+            argument = _aggregate_kind(call)[1]
+            if argument is not None:
+                arguments.setdefault(self.resolve(argument, scope), self.fresh())
+        projected = {**(keys or {self.fresh(): "0"}), **{c: text for text, c in arguments.items()}}
+        types = self.types_of(rel.schema(), projected)
+        aggs: dict[str, ops.Agg] = {}
+        values = {}
+        for text, (out, call) in calls.items():
+            kind, argument = _aggregate_kind(call)
+            column = None if argument is None else arguments[self.resolve(argument, scope)]
+            values[text] = self.aggregate_value(out, ops.Agg(kind, column), types, aggs)
+        stream = rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()])
+        stream = stream.group_by(*list(projected)[: len(keys) or 1]).agg(**aggs)
+        types.update({out: _aggregate_type(a, types) for out, a in aggs.items()})
+        if not keys:
+            zeros = tuple(out for out, a in aggs.items() if a.kind in ("count", "count_distinct"))
+            stream = stream.select(*aggs).default_row(*zeros)
+        cols = [Col(None, c, c) for c in [*keys, *aggs]]
+        return Rel(stream, cols, types), values
+
+    def aggregate_value(self, out: str, a: ops.Agg, types: dict[str, T.DataType], aggs: dict[str, ops.Agg]) -> str:
+        """Adds the engine's aggregates for SQL's ``a`` to ``aggs`` (``out``: the column of
+        the first) and returns its value over them.  Over a decimal ``decimal(p, s)``, as in
+        Spark: ``sum`` is a ``decimal(p + 10, s)``, and ``avg`` is that sum divided by the
+        count of values, rounded to ``decimal(p + 4, s + 4)`` (not a double's quotient)."""
+        argument = types.get(a.column) if a.column else None
+        if a.kind not in ("sum", "avg") or not isinstance(argument, T.DecimalType):
+            aggs[out] = a
+            return out
+        aggs[out] = ops.Agg("sum", a.column)
+        p, s = argument.precision, argument.scale
+        total = f"CAST({out} AS DECIMAL({min(38, p + 10)}, {s}))"
+        if a.kind == "sum":
+            return total
+        count = self.fresh()
+        aggs[count] = ops.Agg("count", a.column)
+        quotient = f"{total} / NULLIF(CAST({count} AS DECIMAL(20, 0)), 0)"
+        return f"CAST({quotient} AS DECIMAL({min(38, p + 4)}, {min(38, s + 4)}))"
 
     def _group_expression(self, g: exp.Expression, node: exp.Select, scope: _Scope) -> exp.Expression:
         """A GROUP BY item: an ordinal or a select-list alias stands for its expression."""
         if isinstance(g, exp.Literal) and not g.is_string:
             position = int(g.name)
             if not 1 <= position <= len(node.expressions):
-                raise SqlError(f"GROUP BY {position}: the select list has {len(node.expressions)} items")
+                raise SqlError(f"GROUP BY {position}: the select list has {len(node.expressions)} items", node=g)
             return node.expressions[position - 1].unalias()
         return g
 
@@ -464,6 +586,8 @@ class _Compiler:
         """``e`` as Spark SQL over internal column names."""
 
         def rename(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Subquery) and n.sql(DIALECT) in scope.scalars:
+                return exp.paren(exp.maybe_parse(scope.scalars[n.sql(DIALECT)], dialect=DIALECT), copy=False)
             if not isinstance(n, exp.Column) or isinstance(n.this, exp.Star):
                 return n
             s: _Scope | None = scope
@@ -475,19 +599,101 @@ class _Compiler:
             alias = scope.aliases.get(n.name.lower()) if not n.table else None
             if alias is not None:
                 return exp.maybe_parse(self.resolve(alias, scope), dialect=DIALECT)
-            raise SqlError(f"unknown column {n.sql(DIALECT)}")
+            raise SqlError(f"unknown column {n.sql(DIALECT)}", node=n)
 
         return e.copy().transform(rename).sql(DIALECT)
 
 
+def _line(node: object) -> int | None:
+    """The line of ``node``'s first name in the file (the view's text is parsed at its
+    place in the file), or None."""
+    if not isinstance(node, exp.Expression):
+        return None
+    lines = [i.meta["line"] for i in node.walk() if isinstance(i, exp.Identifier) and "line" in i.meta]
+    return min(lines, default=None)
+
+
 def _columns(e: exp.Expression) -> list[exp.Column]:
-    return [c for c in e.find_all(exp.Column) if not isinstance(c.this, exp.Star)]
+    """The columns ``e`` reads itself (not those its subqueries read)."""
+    return [c for c in _outside_subqueries(e) if isinstance(c, exp.Column) and not isinstance(c.this, exp.Star)]
 
 
 def _has_subquery(e: exp.Expression) -> bool:
-    return any(
-        isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and n.args.get("query")) for n in e.walk()
-    )
+    return any(isinstance(n, (exp.Subquery, exp.Exists)) for n in e.walk())
+
+
+def _outside_subqueries(e: exp.Expression) -> Iterator[exp.Expression]:
+    """The nodes of ``e`` but those inside its subqueries (their own scopes)."""
+    return e.walk(prune=lambda n: n is not e and isinstance(n, (exp.Subquery, exp.Exists)))
+
+
+def _predicate_subqueries(e: exp.Expression) -> list[exp.Expression]:
+    """The ``EXISTS (q)`` and ``x IN (q)`` of ``e`` (outside its subqueries)."""
+    return [
+        n
+        for n in _outside_subqueries(e)
+        if isinstance(n, exp.Exists) or (isinstance(n, exp.In) and n.args.get("query"))
+    ]
+
+
+def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
+    """The scalar subqueries ``(SELECT ...)`` of ``e`` (outside its subqueries)."""
+    return [
+        n
+        for n in _outside_subqueries(e)
+        if isinstance(n, exp.Subquery) and not (isinstance(n.parent, exp.In) and n.arg_key == "query")
+    ]
+
+
+def _kind_of(predicate: exp.Expression) -> str:
+    return "EXISTS" if isinstance(predicate, exp.Exists) else "IN"
+
+
+def _check_scalar(subquery: exp.Subquery) -> None:
+    """Refuses a scalar subquery that may give several rows, or whose shape is not compiled."""
+    query, text = subquery.this, subquery.sql(DIALECT)[:80]
+    if not isinstance(query, exp.Select) or not _is_aggregate(query) or query.args.get("distinct"):
+        raise SqlError(
+            f"a scalar subquery that is not an aggregate: {text}; Spark fails when it gives several rows, so "
+            "write it as an aggregate (max, sum, ...) or join with it in FROM",
+            node=subquery,
+        )
+    if query.args.get("having") or len(query.expressions) != 1 or _has_subquery(query.expressions[0]):
+        raise SqlError(
+            f"not supported: a scalar subquery with HAVING, several columns or a subquery in its select list: "
+            f"{text}; join with it in FROM",
+            node=subquery,
+        )
+
+
+def _scalar_item(subquery: exp.Subquery, keys: list[exp.Expression]) -> exp.Expression:
+    """The scalar subquery's one value, checked: its columns outside aggregates are
+    correlation keys, and it is grouped by nothing or by exactly those keys."""
+    query, text = subquery.this, subquery.sql(DIALECT)[:80]
+    key_texts = sorted(k.sql(DIALECT) for k in keys)
+    group = _group_by(query)
+    if group and sorted(g.sql(DIALECT) for g in group) != key_texts:
+        raise SqlError(
+            f"a scalar subquery grouped by other columns than it correlates on may give several rows: {text}; "
+            "group it by the inner columns of its equalities outer = inner, or not at all",
+            node=subquery,
+        )
+    item = query.expressions[0].unalias()
+    for column in _columns(item.transform(lambda n: exp.null() if isinstance(n, exp.AggFunc) else n)):
+        if column.sql(DIALECT) not in key_texts:
+            raise SqlError(
+                f"a scalar subquery's value reads {column.sql(DIALECT)} outside an aggregate: {text}; "
+                "aggregate it, or join with the subquery in FROM",
+                node=column,
+            )
+    return item
+
+
+def _over_no_rows(item: exp.Expression) -> str:
+    """An aggregate expression's value over no rows (``count`` 0, other aggregates NULL)."""
+    return item.transform(
+        lambda n: exp.Literal.number(0) if isinstance(n, exp.Count) else exp.null() if isinstance(n, exp.AggFunc) else n
+    ).sql(DIALECT)
 
 
 def _conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
@@ -524,8 +730,12 @@ def _and(a: str | None, b: str) -> str:
 
 
 def _is_aggregate(query: exp.Select) -> bool:
+    """``query`` groups: it has a GROUP BY, or an aggregate in its select list or HAVING."""
     return query.args.get("group") is not None or any(
-        isinstance(n, exp.AggFunc) for e in query.expressions for n in e.walk()
+        isinstance(n, exp.AggFunc)
+        for e in [*query.expressions, query.args.get("having")]
+        if e is not None
+        for n in _outside_subqueries(e)
     )
 
 
@@ -539,10 +749,10 @@ def _aggregate_kind(call: exp.AggFunc) -> tuple[str, exp.Expression | None]:
     kind = next((k for t, k in _AGGREGATES.items() if type(call) is t), None)
     argument = call.this
     if kind is None:
-        raise SqlError(f"not supported: the aggregate {call.sql(DIALECT)}; use count, sum, avg, min or max")
+        raise SqlError(f"not supported: the aggregate {call.sql(DIALECT)}; use count, sum, avg, min or max", node=call)
     if isinstance(argument, exp.Distinct):
         if kind != "count" or len(argument.expressions) != 1:
-            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT one_expression)")
+            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT one_expression)", node=call)
         return "count_distinct", argument.expressions[0]
     if isinstance(argument, exp.Star):
         return "count", None

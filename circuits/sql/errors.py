@@ -10,6 +10,11 @@ class SqlError(DbspError):
     construct the engine cannot maintain incrementally, two views of one name, a cycle.
     The message names the file, the line, the view and the construct."""
 
+    def __init__(self, message: str, node: object = None) -> None:
+        super().__init__(message)
+        self.node = node
+        """The construct refused (a sqlglot expression), whose line the message names."""
+
 
 def located(file: str, line: int, view: str | None, message: str) -> SqlError:
     where = f"{file}:{line}" + (f", view {view!r}" if view else "")

@@ -142,6 +142,8 @@ def _view(statement: str, line: int, file: str) -> View:
 def _refuse_unsupported(view: View, statement: str) -> None:
     for node in view.query.walk():
         reason = next((r for kind, r in _REFUSED_NODES.items() if isinstance(node, kind)), None)
+        if isinstance(node, exp.Limit) and node.parent is not None and node.parent.args.get("order"):
+            reason = "ORDER BY ... LIMIT (the first rows of the whole result: a top-k)"
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
         if reason is not None:
@@ -203,3 +205,55 @@ def views_read(view: View, views: list[View], through_materialized: bool = True)
             if through_materialized or not by_name[name].materialized:
                 todo += read_tables(by_name[name].query)
     return found if through_materialized else {n for n in found if by_name[n].materialized}
+
+
+def check_columns(views: list[View], columns: dict[str, list[str]]) -> None:
+    """Refuses a view that names a column that none of the tables and views it reads has,
+    nor any alias or column list of its own: Spark's analysis finds it too, but this check
+    needs no Spark (a Dagster code location loads the views before any session exists).
+    ``columns``: each table's column names; ``views`` in dependency order.  Only names are
+    compared (not which table a qualified name belongs to), so nothing Spark accepts is
+    refused; a view that reads a table not in ``columns`` is left to Spark."""
+    known = {name.lower(): {c.lower() for c in names} for name, names in columns.items()}
+    for view in views:
+        read = read_tables(view.query)
+        if not read <= set(known):
+            continue
+        names = set().union(*(known[t] for t in read), _aliases(view.query))
+        relations = {t.alias_or_name.lower() for t in view.query.find_all(exp.Table)} | {
+            a.name.lower() for a in view.query.find_all(exp.TableAlias)
+        }
+        for column in view.query.find_all(exp.Column):
+            qualifier = column.table.lower()
+            if isinstance(column.this, exp.Star) or column.name.lower() in names:
+                continue
+            if qualifier and qualifier not in relations:
+                continue  # a struct's field (``s.f``), not a table's column
+            raise view.error(
+                f"unknown column {column.sql(DIALECT)}: none of {sorted(read)} has it; check its spelling",
+                column.this.meta.get("line"),
+            )
+        known[view.name.lower()] = names
+
+
+def _aliases(query: exp.Expression) -> set[str]:
+    """The names a query gives: select-list aliases and column lists (``AS t (a, b)``)."""
+    aliases = {a.alias.lower() for a in query.find_all(exp.Alias)}
+    return aliases | {c.name.lower() for t in query.find_all(exp.TableAlias) for c in t.columns}
+
+
+def ddl_fields(ddl: str) -> list[str]:
+    """The top-level fields of a Spark DDL schema (``'id BIGINT, price DECIMAL(12,2)'``:
+    two), split without Spark."""
+    fields, depth, start = [], 0, 0
+    for i, char in enumerate(f"{ddl},"):
+        depth += {"(": 1, "<": 1, ")": -1, ">": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            fields.append(ddl[start:i])
+            start = i + 1
+    return [f for f in fields if f.strip()]
+
+
+def ddl_columns(ddl: str) -> list[str]:
+    """The column names of a Spark DDL schema: the first word of each field."""
+    return [f.replace(":", " ").split()[0].strip("`") for f in ddl_fields(ddl)]

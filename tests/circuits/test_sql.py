@@ -6,6 +6,7 @@ them all, so that one random sequence of inserts and deletes exercises every vie
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -100,7 +101,13 @@ def circuit(spark):
 @pytest.mark.slow
 @at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
 def test_sql_views_equal_spark_batch_sql(spark, circuit, workers, steps):
-    views = parse_views(VIEWS)
+    equals_spark_batch(spark, VIEWS, circuit, steps, workers)
+
+
+def equals_spark_batch(spark, text: str, circuit, steps, workers: int) -> None:
+    """Runs ``circuit``, compiled from ``text``: at every step, the integral of each
+    view's outputs equals Spark batch SQL of the view's own text over the integrated inputs."""
+    views = parse_views(text)
 
     def expected(t, deltas, integrated):
         return {name: ("integral", z) for name, z in spark_batch(spark, views, integrated).items()}
@@ -116,11 +123,7 @@ def test_sql_views_equal_spark_batch_sql(spark, circuit, workers, steps):
         ("SELECT array(k) + 1 AS wrong FROM a", "DATATYPE_MISMATCH"),
         ("SELECT k, stddev(v) AS sd FROM a GROUP BY k", "stddev"),
         ("SELECT k, v FROM a WHERE k = 1 OR v IN (SELECT x FROM b)", "subquery is supported only as a conjunct"),
-        (
-            "SELECT k FROM a GROUP BY k HAVING count(*) > (SELECT count(*) FROM b)",
-            "subquery in the select list or HAVING",
-        ),
-        ("SELECT k, (SELECT max(x) FROM b) AS top FROM a", "subquery in the select list or HAVING"),
+        ("SELECT k, v IN (SELECT x FROM b) AS found FROM a", "IN subquery in the select list or HAVING"),
     ],
 )
 def test_load_errors_name_the_file_line_view_and_cause(spark, query, cause):
@@ -128,7 +131,8 @@ def test_load_errors_name_the_file_line_view_and_cause(spark, query, cause):
     with pytest.raises(SqlError) as raised:
         compile_sql(text, SCHEMAS, spark, file="views.sql")
     message = str(raised.value)
-    assert message.startswith("views.sql:3, view 'bad': ") and cause.lower() in message.lower()
+    # Line 3 (the view's) for Spark's analysis, line 4 (the construct's) for the compiler's refusals.
+    assert re.match(r"views\.sql:[34], view 'bad': ", message) and cause.lower() in message.lower()
 
 
 @pytest.mark.slow

@@ -226,3 +226,22 @@ def dagster_dev(
         log.close()
         if spark_port:
             stop_connect_server(str(tmp_path / "spark"), spark_port)
+
+
+def python_without_spark(code: str, *args: str) -> str:
+    """What ``code`` prints in a new Python process of this project, which starts no Spark
+    unless ``code`` does (as a code server, when it loads the definitions).  PySpark's mark
+    of a Spark Connect process, which this test process sets once its session is open, is
+    not inherited: the new process has no session of either kind."""
+    project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=project,
+        env={**env, "PYTHONPATH": project},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -1,8 +1,5 @@
 """The code location loads, and bad configuration fails with the field and the fix named."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +7,7 @@ import pytest
 from dagster_project.config import ConfigError, load_project, parse_project
 from dagster_project.resources import build_resources
 
-from .harness import project_settings
+from .harness import project_settings, python_without_spark
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -107,16 +104,8 @@ assert SparkContext._active_spark_context is None
 
 
 def test_an_unknown_sink_fails_when_the_configuration_loads_without_spark():
-    done = subprocess.run(
-        [sys.executable, "-c", UNKNOWN_SINK],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=PROJECT,
-        env={**os.environ, "PYTHONPATH": str(PROJECT)},
-    )
-    assert done.returncode == 0, done.stderr
-    assert "sinks: ['totalz'] are not outputs of the circuit; its outputs are ['totals']" in done.stdout, done.stdout
+    out = python_without_spark(UNKNOWN_SINK)
+    assert "sinks: ['totalz'] are not outputs of the circuit; its outputs are ['totals']" in out, out
 
 
 def test_the_example_configuration_is_valid(spark):

@@ -1,0 +1,66 @@
+"""Decimal ``sum`` and ``avg`` compiled from SQL give Spark's digits and types: ``sum`` of
+a ``decimal(p, s)`` is a ``decimal(p + 10, s)``, ``avg`` the exact quotient of that sum by
+the count rounded to ``decimal(p + 4, s + 4)``, equal to Spark batch SQL of the same text
+at every step (not a double's quotient cast back, which loses the last digits of values
+with 16 or more significant digits)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from decimal import Decimal
+
+import pytest
+from hypothesis import strategies as st
+
+from circuits.sql import compile_sql, parse_views
+
+from ..oracle import zset
+from .harness import at_every_worker_count, insert_delete_steps, run_and_compare
+
+SCHEMAS = {"t": "k int, p decimal(12,2), q decimal(20,8)"}
+
+VIEWS = """
+CREATE MATERIALIZED VIEW per_key AS
+  SELECT k, sum(p) AS total, avg(p) AS mean, avg(q) AS mean_q, sum(q) / 3 AS third FROM t GROUP BY k;
+CREATE MATERIALIZED VIEW overall AS SELECT avg(p) AS mean, sum(p) AS total, avg(p) * 2 AS twice FROM t;
+"""
+
+LARGE = [Decimal("9999999999.99"), Decimal("9999999999.98"), Decimal("0.02"), Decimal("-3333333333.33")]
+rows = st.tuples(
+    st.one_of(st.integers(0, 2), st.none()),
+    st.one_of(st.sampled_from(LARGE), st.decimals("-9999999999.99", "9999999999.99", places=2), st.none()),
+    st.one_of(st.decimals("-999999999999.99999999", "999999999999.99999999", places=8), st.none()),
+)
+
+
+def batch(spark, integrated) -> dict[str, Counter]:
+    spark.createDataFrame(list(integrated["t"].elements()), SCHEMAS["t"]).createOrReplaceTempView("t")
+    return {v.name: zset((*r, 1) for r in spark.sql(v.text).collect()) for v in parse_views(VIEWS)}
+
+
+@pytest.fixture(scope="module")
+def circuit(spark):
+    return compile_sql(VIEWS, SCHEMAS, spark)
+
+
+def test_decimal_average_has_sparks_last_digits(spark, circuit):
+    """Three values whose mean has 23 significant digits, more than a double holds."""
+    values = [Decimal("123456789012.12345678"), Decimal("0.00000001"), Decimal("0.00000001")]
+    steps = [{"t": [(1, None, q, 1) for q in values]}, {"t": [(1, Decimal("0.01"), None, 1)]}]
+
+    def expected(t, deltas, integrated):
+        want = batch(spark, integrated)
+        (row,) = want["per_key"]
+        assert row[3] == Decimal("41152263004.041152266667")
+        return {name: ("integral", z) for name, z in want.items()}
+
+    run_and_compare(spark, circuit, steps, 1, expected)
+
+
+@pytest.mark.slow
+@at_every_worker_count(insert_delete_steps({"t": rows}, max_steps=3, max_rows=5), max_examples=2)
+def test_decimal_sum_and_avg_equal_spark_batch_sql(spark, circuit, workers, steps):
+    def expected(t, deltas, integrated):
+        return {name: ("integral", z) for name, z in batch(spark, integrated).items()}
+
+    run_and_compare(spark, circuit, steps, workers, expected)
