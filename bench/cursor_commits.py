@@ -16,8 +16,8 @@ import statistics
 import tempfile
 import time
 
-from sensors.gateway.config import GatewaySpec
-from storage.cursors import Cursors, CursorStore
+from gateway.config import GatewaySpec
+from storage.cursors import CursorStore
 
 
 def measure(sources: int, commits: int) -> dict:
@@ -25,11 +25,9 @@ def measure(sources: int, commits: int) -> dict:
         store = CursorStore(f"{directory}/cursors")
         seconds = []
         for i in range(commits):
-            cursors = Cursors(
-                {("t", f"/landing/f{s:06d}.log"): 1000 * i + s for s in range(sources)}, {("t", 0): i, ("t", 1): i}
-            )
+            positions = {("t", f"/landing/f{s:06d}.log"): 1000 * i + s for s in range(sources)}
             began = time.perf_counter()
-            store.commit(cursors)
+            store.commit(positions, {("t", 0): i, ("t", 1): i})
             seconds.append(time.perf_counter() - began)
         began = time.perf_counter()
         assert len(store.load().positions) == sources

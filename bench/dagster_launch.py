@@ -38,7 +38,7 @@ from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
 from circuits.spark import stop_connect_server
 from dagster_project.config import DEMO, parse_project
-from dagster_project.factory import produce_events
+from dagster_project.demo_producer import produce_events
 from dagster_project.resources import KafkaResource
 from sensors.broker import stop_local_broker
 

@@ -1,7 +1,7 @@
 """Live rescale of the gateway's workers (ICADD, docs/gateway.md) against a stop-the-world
 rescale, in the same run against the same bundled tansu broker.
 
-The scenario is the live test's (``tests/sensors/gateway/test_rescale_live.py``,
+The scenario is the live test's (``tests/gateway/test_rescale_live.py``,
 :func:`grow_and_rescale`): ``--sources`` files, each growing by ``--rounds`` lines per
 second, through a gateway rescaled 2 -> 3 -> 1 I/O threads, once with ICADD
 (``Gateway.rescale``: only the moving sources stop, one Collect / Acquire each) and once
@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import on_spark
 from sensors.broker import LocalBroker
-from tests.sensors.gateway.test_rescale_live import check_view, grow_and_rescale
+from tests.gateway.test_rescale_live import check_view, grow_and_rescale
 
 BUCKET = 100_000_000  # ns
 

@@ -21,8 +21,8 @@ from pyspark.sql import functions as F
 
 from circuits.layouts import initial, moved, rescale
 from circuits.library import nexmark_circuit
-from circuits.sharding import DEFAULT_VNODES, spark_hash_int
 from circuits.spark import local_session
+from circuits.vnodes import DEFAULT_VNODES, spark_hash_int
 from storage.logs import Range
 from storage.pipeline import Pipeline
 

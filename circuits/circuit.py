@@ -24,8 +24,9 @@ from pyspark.sql import types as T
 from . import operators as ops
 from .context import NodeContext, StepContext
 from .errors import CircuitDefinitionError, ExpressionError
-from .sharding import DEFAULT_VNODES, PART, VNODE, Layout
+from .sharding import PART, VNODE
 from .state import InMemoryStateStore
+from .vnodes import DEFAULT_VNODES, Layout
 from .zset import WEIGHT, consolidate, empty, nothing, parse_schema
 
 _RESERVED = (WEIGHT, VNODE, PART)

@@ -9,8 +9,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .sharding import PART, VNODE, Layout, exchange, with_vnode
+from .sharding import PART, VNODE, exchange, part_of, with_vnode
 from .state import StateStore
+from .vnodes import Layout
 from .zset import consolidate, empty_like, nothing
 
 
@@ -44,7 +45,7 @@ class StepContext:
         gathered by a shuffle; any other is merged without one, in the task that reads it."""
         if not self.single:
             return exchange(df, self.layout)
-        routed = df.withColumn(PART, self.layout.part_of(F.col(VNODE)))
+        routed = df.withColumn(PART, part_of(self.layout, F.col(VNODE)))
         return routed.repartition(1) if scanned else routed.coalesce(1)
 
     def build(self, df: DataFrame) -> DataFrame:

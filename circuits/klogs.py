@@ -55,7 +55,7 @@ from pyspark.sql import functions as F
 from .circuit import Circuit, Stream
 from .errors import CircuitDefinitionError
 from .operators.keyed import KEY, MESSAGE_SCHEMA, ORD, REASON, STAGE, VALUE, Loop, Partition, to_json
-from .sharding import DEFAULT_VNODES
+from .vnodes import DEFAULT_VNODES
 
 PARTITION, OFFSET, TIMESTAMP = "partition", "offset", "timestamp"
 RECORD_SCHEMA = "key string, value string, partition int, offset bigint, timestamp bigint"

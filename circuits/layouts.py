@@ -21,7 +21,7 @@ import math
 from collections import Counter
 
 from .errors import CircuitDefinitionError
-from .sharding import Layout
+from .vnodes import Layout
 
 STRATEGIES = ("fixed", "dynamic")
 

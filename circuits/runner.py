@@ -17,9 +17,10 @@ from pyspark.sql import types as T
 from .circuit import Checked, Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError, raised_on_executor
-from .sharding import VNODE, Layout
+from .sharding import VNODE, worker_of
 from .spark import COMPILED, INTERPRETED, aggregate_each
 from .state import DEST, FILE, StateStore, pack, part_column
+from .vnodes import Layout
 from .zset import WEIGHT, empty, nothing
 
 LAYOUT_KEY = "layout"
@@ -176,7 +177,7 @@ class StepRunner:
         outputs = self.circuit.plan(ctx)
         parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
         # A state file holds one worker's vnodes, however many workers the step ran on.
-        owner = self.layout.worker_of(F.col(VNODE))
+        owner = worker_of(self.layout, F.col(VNODE))
         parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
         try:
             stored = self.store.materialize(parts)

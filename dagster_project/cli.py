@@ -25,21 +25,22 @@ from rich.table import Table
 from circuits.daemon import listening
 from circuits.errors import DbspError
 from circuits.spark import stop_connect_server
+from gateway.control import call, require_running
+from gateway.gateway import Gateway
 from sensors.broker import stop_local_broker
-from sensors.gateway.control import call, require_running
-from sensors.gateway.gateway import Gateway
-from sensors.ingest import run_steps
 from sensors.status import report
-from storage.pipeline import status as position
+from storage.cursors import CursorStore
+from storage.lease import Holder
 from storage.views import read_view
 
 from . import devserver
 from .config import CONFIG_ENV, HOME_ENV, home, load_project
 from .console import Progress, log_path, output_to_log
 from .demo import DemoResult, run_demo
-from .factory import dead_letters_note, describe, open_pipeline
+from .factory import open_pipeline
 from .klogs_demo import run_klogs_demo
 from .resources import EMBEDDED, build_resources
+from .status import dead_letters_note, status_text
 
 DAGSTER_YAML = """\
 # Written by dbsp: one run per pipeline at a time, in the order requested (steps run in
@@ -163,7 +164,7 @@ def status(args: argparse.Namespace) -> int:
     resources = build_resources(project)
     root = resources["store"].pipeline_root(spec.name)
     print(f"pipeline {spec.name}")
-    print(describe(report(root, resources["kafka"].source(spec))))
+    print(status_text(report(root, resources["kafka"].source(spec))))
     print(dead_letters_note(root))
     return 0
 
@@ -173,13 +174,16 @@ def recover(args: argparse.Namespace) -> int:
     project, spec = _pipeline(args)
     resources = build_resources(project)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
+    recovery = pipeline.recover(resources["kafka"].source(spec).read, _holder("recover"), args.break_lease)
     if args.break_lease:
-        print(f"broke the lease: {pipeline.lease.break_()}")
-    at = position(pipeline.root)
-    with pipeline.lease.held(f"dbsp recover (pid {os.getpid()})"):
-        ran = run_steps(pipeline, resources["kafka"].source(spec), at.committed_step, at.divided_step - 1)
-    print(f"ran steps {list(ran)}; next step {position(pipeline.root).committed_step}")
+        print(f"broke the lease: {recovery.broken}")
+    print(f"ran steps {list(recovery.ran)}; next step {recovery.next_step}")
     return 0
+
+
+def _holder(command: str, wait: float = 0.0) -> Holder:
+    """This command as its pipeline's lease holder (named so ``dbsp status`` tells who holds it)."""
+    return Holder(f"dbsp {command} (pid {os.getpid()})", wait)
 
 
 def show(args: argparse.Namespace) -> int:
@@ -229,11 +233,8 @@ def rescale(args: argparse.Namespace) -> int:
     project, spec = _pipeline(args)
     resources = build_resources(project)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
-    prepared = pipeline.prepare_rescale(args.workers, args.strategy, args.k) if args.hot else None
-    with pipeline.lease.held(f"dbsp rescale (pid {os.getpid()})", wait=spec.lease_wait_seconds):
-        report = (
-            pipeline.finish_rescale(prepared) if prepared else pipeline.rescale(args.workers, args.strategy, args.k)
-        )
+    holder = _holder("rescale", spec.lease_wait_seconds)
+    report = pipeline.rescale(args.workers, args.strategy, args.k, hot=args.hot, holder=holder)
     print(f"before: {report.before.describe()}\nafter:  {report.after.describe()}")
     print(
         f"vnodes moved: {report.vnodes_moved} of {report.before.vnodes} ({report.fraction_moved:.1%}); "
@@ -310,7 +311,14 @@ def gateway(args: argparse.Namespace) -> int:
     bootstrap = kafka.bootstrap({g.topic: project.topic_partitions(g.topic) for g in project.sources})
     path = log_path(home("logs"), "gateway")
     logging.basicConfig(filename=path, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    running = Gateway(project.gateway, project.sources, bootstrap, kafka.client_config(), home("gateway"))
+    running = Gateway(
+        project.gateway,
+        project.sources,
+        bootstrap,
+        kafka.client_config(),
+        home("gateway"),
+        CursorStore.of_gateway(project.gateway.cursors, home("gateway")),
+    )
     running.start()
     print(
         f"dbsp gateway: {len(project.sources)} source group(s) into Kafka at {bootstrap}; control {running.control.url}"

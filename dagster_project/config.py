@@ -38,7 +38,7 @@ from circuits.library.nexmark_queries import NEXMARK_SQL
 from circuits.sql import SqlError, View, compile_sql, parse_views
 from circuits.sql.parse import read_tables, views_read
 from circuits.zset import parse_schema
-from sensors.gateway.config import GatewaySpec, SourceSpec
+from gateway.config import GatewaySpec, SourceSpec
 
 CONFIG_ENV = "DBSP_CONFIG"
 HOME_ENV = "DBSP_HOME"

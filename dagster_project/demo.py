@@ -29,8 +29,10 @@ from storage.pipeline import Pipeline, status
 
 from .config import PipelineSpec, ProjectSpec, load_object
 from .console import Progress
-from .factory import build_definitions, dead_letters_note, produce_events
+from .demo_producer import produce_events
+from .factory import build_definitions
 from .resources import EMBEDDED
+from .status import dead_letters_note
 
 # The engine's phases (the step materialization's ``seconds/<phase>`` metadata), as shown.
 PHASES = {

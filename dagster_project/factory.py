@@ -31,28 +31,22 @@ from dagster import (
     sensor,
 )
 
-from circuits.sharding import Layout
+from gateway.control import call, flush_running, require_running
+from gateway.errors import GatewayError
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
-from sensors.gateway.control import (
-    call,
-    figures_of_steps,
-    flush_running,
-    record_figures,
-    record_unflushed,
-    require_running,
-    unflushed_steps,
-)
-from sensors.gateway.errors import GatewayError
-from sensors.ingest import KafkaSource, run_steps
 from sensors.status import report
 from storage import inspect, views
 from storage.errors import ViewError
-from storage.logs import DivisionLog, dead_letters_uri, output_uri
+from storage.gateway_figures import figures_of_steps, record_figures, record_unflushed, unflushed_steps
+from storage.lease import Holder
+from storage.logs import DivisionLog, output_uri
 from storage.pipeline import Pipeline, status
 
 from .config import PipelineSpec, ProjectSpec, home, load_object
+from .demo_producer import produce_events
 from .resources import KafkaResource, SparkResource, StoreResource, build_resources
+from .status import status_text
 
 PIPELINE_TAG = "dbsp/pipeline"
 
@@ -118,14 +112,15 @@ def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource
     )
 
 
-def _run_gone(instance):
-    """Whether the Dagster run holding a lease has ended (so its lease can be taken)."""
+def _holder(context: OpExecutionContext, spec: PipelineSpec) -> Holder:
+    """The run as its pipeline's lease holder: it waits ``lease_wait_seconds`` for another
+    run, or less when the Dagster run holding the lease has ended."""
 
     def gone(run_id: str) -> bool:
-        run = instance.get_run_by_id(run_id)
+        run = context.instance.get_run_by_id(run_id)
         return run is None or run.is_finished
 
-    return gone
+    return Holder(context.run_id, spec.lease_wait_seconds, gone)
 
 
 def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
@@ -156,9 +151,9 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
     def steps(context: AssetExecutionContext, spark: SparkResource, store: StoreResource, kafka: KafkaResource):
         first, last = (int(k) for k in (context.partition_key_range.start, context.partition_key_range.end))
         pipeline = open_pipeline(spec, spark, store)
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+        with pipeline.lease.held(_holder(context, spec)):
             context.log.info(f"{spec.name}: running steps {first}..{last}")
-            ran = run_steps(pipeline, kafka.source(spec), first, last)
+            ran = pipeline.run_steps(kafka.source(spec).read, first, last)
         context.log.info(
             f"{spec.name}: ran steps {list(ran)}"
             if ran
@@ -365,13 +360,9 @@ def _layout_asset(spec: PipelineSpec):
     )
     def layout(context: AssetExecutionContext, config: RescaleConfig, spark: SparkResource, store: StoreResource):
         pipeline = open_pipeline(spec, spark, store)
-        # Hot: copy the moved state while steps go on; hold the lease only to switch.
-        prepared = pipeline.prepare_rescale(config.workers, config.strategy, config.k) if config.hot else None
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
-            if prepared is None:
-                report = pipeline.rescale(config.workers, config.strategy, config.k)
-            else:
-                report = pipeline.finish_rescale(prepared)
+        report = pipeline.rescale(
+            config.workers, config.strategy, config.k, hot=config.hot, holder=_holder(context, spec)
+        )
         context.log.info(f"{report.before.describe()} -> {report.after.describe()}")
         return MaterializeResult(
             metadata={
@@ -402,14 +393,14 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
     @op(name=f"{spec.name}_compact_op")
     def compact(context: OpExecutionContext, spark: SparkResource, store: StoreResource):
         pipeline = open_pipeline(spec, spark, store)
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+        with pipeline.lease.held(_holder(context, spec)):
             for table, (before, after) in pipeline.compact().items():
                 context.log.info(f"{table}: {before} -> {after} files")
 
     @op(name=f"{spec.name}_vacuum_op")
     def vacuum(context: OpExecutionContext, spark: SparkResource, store: StoreResource):
         pipeline = open_pipeline(spec, spark, store)
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
+        with pipeline.lease.held(_holder(context, spec)):
             context.log.info(f"deleted {len(pipeline.vacuum())} files no checkpoint needs")
 
     @op(name=f"{spec.name}_recover_op")
@@ -421,16 +412,14 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
         kafka: KafkaResource,
     ):
         pipeline = open_pipeline(spec, spark, store)
+        recovery = pipeline.recover(kafka.source(spec).read, _holder(context, spec), config.break_lease)
         if config.break_lease:
-            context.log.warning(f"broke the lease of {pipeline.lease.break_()}")
-        position = status(pipeline.root)
-        with pipeline.lease.held(context.run_id, wait=spec.lease_wait_seconds, holder_gone=_run_gone(context.instance)):
-            ran = run_steps(pipeline, kafka.source(spec), position.committed_step, position.divided_step - 1)
-        context.log.info(f"recovered: ran steps {list(ran)}; next step {status(pipeline.root).committed_step}")
+            context.log.warning(f"broke the lease of {recovery.broken}")
+        context.log.info(f"recovered: ran steps {list(recovery.ran)}; next step {recovery.next_step}")
 
     @op(name=f"{spec.name}_status_op")
     def show_status(context: OpExecutionContext, store: StoreResource, kafka: KafkaResource):
-        context.log.info(describe(report(store.pipeline_root(spec.name), kafka.source(spec))))
+        context.log.info(status_text(report(store.pipeline_root(spec.name), kafka.source(spec))))
 
     pipeline_tags = {PIPELINE_TAG: spec.name}
     jobs = [
@@ -458,42 +447,3 @@ def _one_op_job(name: str, the_op, tags: dict):
         the_op()
 
     return one_op
-
-
-PRODUCERS = 4
-"""Producers a demo topic's events go out through at once: the bundled broker, which takes
-one record per batch, acknowledges more records per second that way (``bench/broker_io.py``)."""
-
-
-def produce_events(source: KafkaSource, records_of, events: int, seed: int) -> int:
-    """Sends the next ``events`` events of a demo producer to the source's topics and
-    returns the index of the first.  The sequence continues from the number of records
-    already in the topics, so producing twice never repeats an event."""
-    client = source.client()
-    start = sum(high for _, high in client.offsets(list(source.topics.values())).values())
-    for handle, records in records_of(start, events, seed).items():
-        client.produce_parallel(source.topics[handle], [json.dumps(r).encode() for r in records], PRODUCERS)
-    return start
-
-
-def dead_letters_note(root: str) -> str:
-    """How many input records of the pipeline at ``root`` could not be decoded, and where they are."""
-    uri = dead_letters_uri(root)
-    count = inspect.rows_of_steps(uri, 0, status(root).divided_step)
-    where = f"; each with its topic, partition, offset and reason in the Delta table {uri}" if count else ""
-    return f"dead letters (input records that could not be decoded): {count}{where}"
-
-
-def describe(r) -> str:
-    s = r.status
-    lines = [
-        f"committed through step {s.committed_step - 1} (next step {s.committed_step}), checkpoint version {s.checkpoint_version}",
-        f"divided steps: {s.divided_step} (waiting to run: {s.divided_step - s.committed_step})",
-        f"layout: {Layout.from_json(s.meta['layout']).describe() if 'layout' in s.meta else 'none yet (no step has run)'}",
-        f"lease: {'held by ' + s.lease_holder if s.lease_holder else 'free'}",
-    ]
-    if r.lag is None:
-        lines.append(f"lag: unknown ({r.error})")
-    for (topic, partition), (lag, end) in (r.lag or {}).items():
-        lines.append(f"lag {topic}[{partition}]: {lag} records not yet in a step (end offset {end})")
-    return "\n".join(lines)

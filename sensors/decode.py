@@ -6,12 +6,12 @@ field's type, and optionally ``_weight``: a nonzero integer, 1 when absent (-1 d
 row). Other keys are ignored. A record that breaks these rules becomes a dead letter with
 the reason, instead of failing the step.
 
-A message the source gateway produced (:mod:`sensors.gateway`) is not one record but a
+A message the source gateway produced (:mod:`gateway`) is not one record but a
 source's raw bytes: newline-delimited records, whole (the gateway cuts its buffers after a
-newline), with the source id as key and the byte range in header :data:`RANGE_HEADER`.
+newline), with the source id as key and the byte range in header :data:`~circuits.framing.RANGE_HEADER`.
 Its records are framed here, each validated as above; a dead letter's reason names the
 source and the record's bytes.  A piece of a record longer than the gateway's buffer
-(header :data:`PARTIAL_HEADER`) is a dead letter.
+(header :data:`~circuits.framing.PARTIAL_HEADER`) is a dead letter.
 
 Bytes of a source taken once are never taken again (a gateway re-sends bytes after a
 refused delivery, or after a crash that came before the broker's acknowledgement or the
@@ -45,6 +45,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from circuits.errors import raised_on_executor
+from circuits.framing import gateway_range
 from circuits.klogs import RECORD_SCHEMA
 from circuits.spark import map_in_arrow
 from circuits.zset import WEIGHT, parse_schema
@@ -58,11 +59,6 @@ CHUNK = 50_000
 
 MAX_BATCH = 10_000
 """Most records asked of the consumer at once."""
-
-RANGE_HEADER = "dbsp-bytes"
-"""The header of a gateway message: ``"<start>-<end>"``, its bytes' range in its source."""
-PARTIAL_HEADER = "dbsp-partial"
-"""The header of a gateway message holding a piece of a record longer than a buffer."""
 
 READER_CONFIG = {"fetch.wait.max.ms": 5000}
 """A reader's consumer settings (the pipeline's client config overrides them).  It reads
@@ -189,15 +185,6 @@ def _row(
         "weight": weight,
         "reason": None if reason is None else where + reason,
     }
-
-
-def gateway_range(message: Message) -> tuple[int, int, bool] | None:
-    """``(start, end, partial)`` of a gateway message, or None for a message that is one record."""
-    headers = dict(message.headers() or ())
-    if RANGE_HEADER not in headers:
-        return None
-    start, _, end = headers[RANGE_HEADER].decode().partition("-")
-    return int(start), int(end), PARTIAL_HEADER in headers
 
 
 def _records(

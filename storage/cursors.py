@@ -10,14 +10,15 @@ past a byte the broker lacks, and the read-back finds the bytes acknowledged sin
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pyarrow as pa
 from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from .delta import dataset, ensure_table, open_table
 from .errors import StorageError
+from .tables import dataset, ensure_table, open_table
 
 CURSOR_SCHEMA = pa.schema(
     [("source", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("position", pa.int64())]
@@ -50,10 +51,16 @@ class CursorStore:
             read_back={(r["topic"], r["partition"]): r["position"] for r in rows if r["source"] is None},
         )
 
-    def commit(self, cursors: Cursors) -> int:
-        """Replaces the committed cursors with ``cursors``; returns the table's new version."""
-        rows = [{"source": s, "topic": t, "partition": None, "position": p} for (t, s), p in cursors.positions.items()]
-        rows += [{"source": None, "topic": t, "partition": q, "position": o} for (t, q), o in cursors.read_back.items()]
+    @classmethod
+    def of_gateway(cls, setting: str, home: str) -> CursorStore:
+        """The store of a gateway: at its ``gateway.cursors`` setting, else ``<home>/cursors``."""
+        return cls(setting or os.path.join(home, "cursors"))
+
+    def commit(self, positions: dict[tuple[str, str], int], read_back: dict[tuple[str, int], int]) -> int:
+        """Replaces the committed cursors with ``positions`` and ``read_back`` (as in
+        :class:`Cursors`); returns the table's new version."""
+        rows = [{"source": s, "topic": t, "partition": None, "position": p} for (t, s), p in positions.items()]
+        rows += [{"source": None, "topic": t, "partition": q, "position": o} for (t, q), o in read_back.items()]
         try:
             table = ensure_table(self.uri, CURSOR_SCHEMA)
             write_deltalake(table, pa.Table.from_pylist(rows, schema=CURSOR_SCHEMA), mode="overwrite")
@@ -62,4 +69,4 @@ class CursorStore:
                 table.vacuum(retention_hours=1, enforce_retention_duration=False, dry_run=False)
             return table.version()
         except (CommitFailedError, OSError) as e:
-            raise StorageError(f"committing {len(cursors.positions)} gateway cursors to {self.uri} failed: {e}") from e
+            raise StorageError(f"committing {len(positions)} gateway cursors to {self.uri} failed: {e}") from e

@@ -27,8 +27,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from circuits.runner import LAYOUT_KEY, OUTPUT, STATE
-from circuits.sharding import PART, VNODE, Layout, exchange
+from circuits.sharding import PART, VNODE, exchange, unit_of, worker_of
 from circuits.state import FILE, StateStore
+from circuits.vnodes import Layout
 from circuits.zset import consolidate
 
 from .delta import (
@@ -36,9 +37,6 @@ from .delta import (
     WrittenFiles,
     add_actions,
     commit,
-    dataset,
-    ensure_table,
-    open_table,
     paths,
     read_files,
     table_schema,
@@ -47,6 +45,7 @@ from .delta import (
 from .errors import CorruptTableError, StaleWriterError, StateFormatError, StorageError
 from .faults import failpoint
 from .logs import STEP, output_uri
+from .tables import dataset, ensure_table, open_table
 
 ENGINE_VERSION = "0.2.0"
 STATE_FORMAT = 2
@@ -252,7 +251,7 @@ class DeltaStateStore(StateStore):
             if len(files) > COMPACT_FILES:
                 self._rewrites[table] = files
                 whole = consolidate(self.scan(table).unionByName(df.drop(FILE)))
-                df = whole.withColumn(FILE, layout.worker_of(F.col(VNODE)))
+                df = whole.withColumn(FILE, worker_of(layout, F.col(VNODE)))
             targets[name] = (self._uri(table), df)
         written = write_tables(targets)
         self.written_outputs = {n[len(OUTPUT) :]: w for n, w in written.items() if n.startswith(OUTPUT)}
@@ -382,7 +381,7 @@ def _by_owner(trace: DataFrame, layout: Layout | None) -> DataFrame:
     return (
         exchange(trace, layout)
         .drop(PART)
-        .withColumn(FILE, layout.unit_of(F.col(VNODE)))
+        .withColumn(FILE, unit_of(layout, F.col(VNODE)))
         .sortWithinPartitions(FILE, VNODE)
     )
 

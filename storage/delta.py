@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -35,6 +34,7 @@ from circuits.state import DEST, FILE, pack, packed_columns, part_column
 from circuits.zset import empty_like
 
 from .errors import CorruptTableError, StaleWriterError, StorageError
+from .tables import TABLE_CONFIG, ensure_table, open_table
 
 FILES_SCHEMA = T.StructType(
     [
@@ -52,41 +52,6 @@ def arrow_schema(schema: T.StructType) -> pa.Schema:
     """The table schema for a Spark schema: every field nullable (files may hold nulls anywhere)."""
     fields = to_arrow_schema(schema)
     return pa.schema([f.with_nullable(True) for f in fields])
-
-
-TABLE_CONFIG = {
-    # Every step commits to a dozen tables and opens each several times; without a Delta
-    # checkpoint an open replays every commit's JSON (15-20 ms at 60 versions, growing to
-    # the default interval of 100), with one every 10 commits it reads a few (3-5 ms).
-    "delta.checkpointInterval": "10",
-    # A checkpoint would otherwise delete commit files older than 30 days, and with them
-    # time travel to the versions a retained pipeline checkpoint pins; vacuum decides.
-    "delta.enableExpiredLogCleanup": "false",
-}
-"""The configuration of every table the engine creates."""
-
-
-def ensure_table(uri: str, schema: pa.Schema) -> DeltaTable:
-    for _ in range(50):
-        try:
-            return DeltaTable(uri)
-        except TableNotFoundError:
-            os.makedirs(uri, exist_ok=True)
-            try:
-                return DeltaTable.create(uri, schema, mode="ignore", configuration=TABLE_CONFIG)
-            except (CommitFailedError, OSError):
-                time.sleep(0.01)  # another writer is creating it at this moment: open theirs
-    raise StorageError(f"cannot create or open the Delta table {uri}")
-
-
-def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
-    """The table at ``version`` (latest when None), or None when it does not exist."""
-    try:
-        return DeltaTable(uri, version=version)
-    except TableNotFoundError:
-        return None
-    except (DeltaError, OSError) as e:
-        raise CorruptTableError(f"Delta table {uri} (version {version}): {e}") from e
 
 
 def _stats(table: pa.Table) -> str:
@@ -301,18 +266,6 @@ def add_actions(table: DeltaTable) -> pa.Table:
     """The data files of ``table``'s version, one row each: ``path`` (relative to the
     table), ``size_bytes``, ``num_records`` and ``min.<column>``/``max.<column>`` statistics."""
     return pa.table(table.get_add_actions(flatten=True))
-
-
-def dataset(table: DeltaTable, pruning: list[tuple] | None = None) -> ds.Dataset:
-    """The rows of ``table``'s version (of its files that ``pruning``'s filters admit by
-    their statistics, see ``DeltaTable.file_uris``), read with pyarrow's own file system.
-    Reading through delta-rs's (``to_pyarrow_table``, ``to_pyarrow_dataset``) left
-    processes aborting at exit ("terminate called without an active exception", exit
-    code 134; deltalake 1.6, pyarrow 26): 1 to 6 of every 8-10 runs, by the script."""
-    files = table.file_uris(file_pruning_predicate=pruning)
-    if not files:
-        return ds.dataset(pa.schema(table.schema().to_arrow()).empty_table())
-    return ds.dataset(files, format="parquet")
 
 
 def paths(table: DeltaTable) -> list[str]:

@@ -20,8 +20,9 @@ from pyspark.sql import functions as F
 from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT
 
-from .delta import add_actions, dataset, delta_tables, open_table
+from .delta import add_actions, delta_tables
 from .logs import STEP, OutputLog, files_of_steps
+from .tables import dataset, open_table
 
 K = TypeVar("K")
 

@@ -14,14 +14,14 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from .delta import dataset, ensure_table, open_table
 from .errors import LeaseHeldError, StorageError
+from .tables import dataset, ensure_table, open_table
 
 _SCHEMA = pa.schema(
     [
@@ -47,6 +47,17 @@ class LeaseRecord:
 
     def free_for(self, holder: str, now: float, holder_gone: Callable[[str], bool]) -> bool:
         return not self.held_at(now) or self.holder == holder or holder_gone(self.holder)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who takes a pipeline's lease: its name (a Dagster run's id, a command and its pid),
+    how many seconds it waits for another holder to finish, and how it tells sooner that
+    the holder it waits for is gone (for example: the Dagster run holding it has ended)."""
+
+    name: str = field(default_factory=lambda: f"pid {os.getpid()}")
+    wait: float = 0.0
+    gone: Callable[[str], bool] = lambda _: False
 
 
 class Lease:
@@ -101,10 +112,11 @@ class Lease:
         return record
 
     @contextmanager
-    def held(
-        self, holder: str, wait: float = 0.0, holder_gone: Callable[[str], bool] = lambda _: False
-    ) -> Iterator[int]:
-        token = self.acquire(holder, wait=wait, holder_gone=holder_gone)
+    def held(self, holder: Holder | None = None) -> Iterator[int]:
+        """Holds the lease for the block, taken as ``holder`` (default: this process, not
+        waiting); yields the token."""
+        holder = holder or Holder()
+        token = self.acquire(holder.name, wait=holder.wait, holder_gone=holder.gone)
         try:
             yield token
         finally:

@@ -18,14 +18,11 @@ from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT, with_weight_schema
 
 from .delta import (
-    TABLE_CONFIG,
     WrittenFiles,
     add_actions,
     arrow_schema,
     commit,
-    dataset,
     latest,
-    open_table,
     read_files,
     table_identity,
     table_schema,
@@ -40,6 +37,7 @@ from .errors import (
     StepOrderError,
 )
 from .faults import failpoint
+from .tables import TABLE_CONFIG, dataset, open_table
 
 STEP = "_step"
 DEAD_LETTERS = "_dead_letters"

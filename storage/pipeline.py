@@ -8,6 +8,11 @@ the latest checkpoint, replays and runs the steps whose input exists (discarding
 verifying, output that was written before), and commits one checkpoint at the end:
 the steps of one run are one checkpoint interval.  Recovery after a crash is just the
 next ``run``.
+
+Fed by a source, ``run_steps`` drives a step range: it reads each step's recorded division
+through the reader its caller passes in (the Kafka side's), persists it, runs and
+commits; ``recover`` and ``rescale`` do so under the pipeline's lease, for the CLI and the
+Dagster jobs alike.
 """
 
 from __future__ import annotations
@@ -16,23 +21,24 @@ import dataclasses
 import os
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from circuits import layouts
 from circuits.circuit import Circuit
 from circuits.klogs import KLogsCircuit
-from circuits.sharding import Layout
+from circuits.vnodes import Layout
 
 from .database import READS, STATE_FORMAT, DeltaStateStore, Relayout, latest_checkpoint
 from .delta import delta_tables
 from .errors import StaleWriterError, StepOrderError, ViewError
 from .faults import failpoint
-from .lease import Lease
+from .lease import Holder, Lease, LeaseRecord
 from .logs import DivisionLog, InputLog, OutputLog, Range
 from .sinks import Sinks
 from .views import CurrentViews, retained_view_versions
@@ -74,6 +80,41 @@ class RescaleReport:
     @property
     def fraction_moved(self) -> float:
         return self.vnodes_moved / self.before.vnodes
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :meth:`Pipeline.recover` did."""
+
+    broken: LeaseRecord | None
+    """The lease it broke first (None: not asked to, or nobody held it)."""
+    ran: range
+    next_step: int
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """One step's input as its source read it, planned but not necessarily run: per input
+    handle a Z-set (a handle with nothing read is absent), the records that could not be
+    decoded (``storage.logs.DEAD_LETTER_SCHEMA``) and the bytes taken of each byte-ranged
+    source (``storage.logs.TAKEN_SCHEMA``), the last two None when nothing was read."""
+
+    inputs: dict[str, DataFrame]
+    dead_letters: DataFrame | None = None
+    taken: DataFrame | None = None
+
+
+StepReader = Callable[
+    [SparkSession, list[Range], dict[str, StructType], dict[tuple[str, str], int]], AbstractContextManager[StepInput]
+]
+"""Where a pipeline's input records come from, passed in by the caller (the Kafka side's is
+``sensors.ingest.KafkaSource.read``), so a step's walk goes down (source, division, input
+log, step, state and output) and storage imports no source.  Called with the session, the
+step's division (its ranges), the inputs' schemas (handle: columns without the weight) and,
+per byte-ranged source, the end of what earlier steps took (to drop if sent again), it
+plans reading exactly those ranges; its context manager frees what the read holds, and
+turns an error the input log's write raises because of the read (a job over the planned
+read failed) into the source's own."""
 
 
 def status(root: str) -> Status:
@@ -149,6 +190,38 @@ class Pipeline:
         """Opens the state at the latest checkpoint (discarding anything written after it)."""
         self.state.open()
 
+    def ingest(self, step: int, reader: StepReader) -> None:
+        """Persists ``step``'s input, read by ``reader`` from the step's recorded division
+        (a no-op when already persisted).  Refuses a step the division log has not cut."""
+        if self.inputs.persisted(step):
+            return
+        if step >= self.divisions.next_step():
+            raise StepOrderError(f"step {step} has no recorded division yet: the sensor has not cut it")
+        taken = self.inputs.taken_before(step)
+        with reader(self.spark, self.divisions.get(step), self.circuit.inputs, taken) as read:
+            self.inputs.persist(step, read.inputs, read.dead_letters, read.taken)
+
+    def run_steps(self, reader: StepReader, first: int, last: int) -> range:
+        """Runs steps ``first..=last`` in order as one checkpoint, each step's input read
+        once by ``reader`` and persisted first, and returns the steps it ran (empty when all
+        were committed).  Refuses, naming it, a step whose predecessor is not committed."""
+        steps = self.pending(first, last)
+        for step in steps:
+            with self.timed("ingest"):
+                self.ingest(step, reader)
+        if steps:
+            self.advance(through=last)
+        return steps
+
+    def recover(self, reader: StepReader, holder: Holder | None = None, break_lease: bool = False) -> Recovery:
+        """Runs every divided but uncommitted step (see :meth:`run_steps`) under the lease,
+        taken as ``holder``; ``break_lease`` first breaks the lease of a holder that died."""
+        broken = self.lease.break_() if break_lease else None
+        position = status(self.root)
+        with self.lease.held(holder):
+            ran = self.run_steps(reader, position.committed_step, position.divided_step - 1)
+        return Recovery(broken, ran, status(self.root).committed_step)
+
     def pending(self, first: int, last: int) -> range:
         """Opens the latest checkpoint and returns the steps of ``first..=last`` still to run.
 
@@ -218,11 +291,27 @@ class Pipeline:
             pause_seconds=time.perf_counter() - started,
         )
 
-    def rescale(self, workers: int, strategy: str | None = None, k: float | None = None) -> RescaleReport:
-        """A cold layout change (docs/design.md): from the latest checkpoint, move the state of the
-        vnodes that change owner, then checkpoint again with no input.  The pause is all of it."""
-        started = time.perf_counter()
-        report = self.finish_rescale(self.prepare_rescale(workers, strategy, k))
+    def rescale(
+        self,
+        workers: int,
+        strategy: str | None = None,
+        k: float | None = None,
+        *,
+        hot: bool = False,
+        holder: Holder | None = None,
+    ) -> RescaleReport:
+        """Changes the layout to ``workers`` (docs/design.md), under the lease taken as ``holder``.
+
+        Cold: from the latest checkpoint, move the state of the vnodes that change owner,
+        then checkpoint again with no input; the pause is all of it, under the lease.  Hot:
+        copy that state first while steps go on (:meth:`prepare_rescale`), and take the
+        lease only to catch up and switch (:meth:`finish_rescale`)."""
+        prepared = self.prepare_rescale(workers, strategy, k) if hot else None
+        with self.lease.held(holder):
+            if prepared is not None:
+                return self.finish_rescale(prepared)
+            started = time.perf_counter()
+            report = self.finish_rescale(self.prepare_rescale(workers, strategy, k))
         return dataclasses.replace(report, pause_seconds=time.perf_counter() - started, copy_seconds=0.0)
 
     def compact(self) -> dict[str, tuple[int, int]]:

@@ -37,9 +37,9 @@ from circuits.klogs import KLogsCircuit
 from circuits.operators.keyed import KEY, ORD, VALUE
 from circuits.zset import WEIGHT
 
-from .delta import dataset, ensure_table, open_table
 from .errors import StaleWriterError, StorageError
 from .logs import STEP, output_uri
+from .tables import dataset, ensure_table, open_table
 
 TOKENS = "_tokens"
 _TOKEN_FIELDS = [

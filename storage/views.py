@@ -57,10 +57,7 @@ from .delta import (
     WrittenFiles,
     add_actions,
     commit,
-    dataset,
-    ensure_table,
     file_key,
-    open_table,
     read_files,
     table_schema,
     transaction_version,
@@ -68,6 +65,7 @@ from .delta import (
 )
 from .errors import CorruptTableError, NegativeViewError, ViewError
 from .logs import STEP, files_of_steps, output_uri
+from .tables import dataset, ensure_table, open_table
 
 VIEWS_KEY = "views"
 """Checkpoint meta: ``{sink: view table version}`` as of the checkpoint's step."""

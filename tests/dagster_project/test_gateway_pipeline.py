@@ -17,8 +17,8 @@ from dagster import Definitions, instance_for_test
 
 from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
+from gateway.control import call, running_url
 from sensors.broker import local_producer_config
-from sensors.gateway.control import call, running_url
 from sensors.kafka import KafkaClient
 from storage.inspect import rows_of_steps
 from storage.logs import read_steps
@@ -203,8 +203,9 @@ def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kil
 def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, broker, tmp_path, monkeypatch):
     from dagster_project.config import parse_project
     from dagster_project.factory import build_definitions
-    from sensors.gateway.config import FilesSpec, GatewaySpec
-    from sensors.gateway.gateway import Gateway
+    from gateway.config import FilesSpec, GatewaySpec
+    from gateway.gateway import Gateway
+    from storage.cursors import CursorStore
 
     monkeypatch.setenv("DBSP_HOME", str(tmp_path / "home"))
     settings = project_settings(str(tmp_path / "store"), broker.bootstrap, "gw")
@@ -226,6 +227,9 @@ def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, b
             broker.bootstrap,
             local_producer_config(),
             str(tmp_path / "home" / "gateway"),
+            CursorStore.of_gateway(
+                GatewaySpec(buffers=16, buffer_size=256).cursors, str(tmp_path / "home" / "gateway")
+            ),
             timeout=10,
         )
         gateway.start()

@@ -5,12 +5,16 @@ import os
 from collections import Counter
 
 import pytest
+import yaml
 from dagster import SkipReason, instance_for_test
 
-from circuits.sharding import Layout
-from sensors.broker import LocalBroker
-from storage.delta import delta_tables, open_table
+from circuits.vnodes import Layout
+from dagster_project import cli
+from sensors.broker import LocalBroker, local_producer_config
+from storage.delta import delta_tables
+from storage.lease import Lease
 from storage.pipeline import status
+from storage.tables import open_table
 
 from .harness import Harness, integral
 
@@ -137,3 +141,55 @@ def test_the_rescale_asset_moves_one_share_and_steps_go_on(spark_resource, spark
     assert h.run(1).success
     assert Layout.from_json(status(h.root).meta["layout"]).workers == 5  # the step ran on the new layout
     assert integral(h.pipeline(spark).outputs.read("bids_by_category", 0, 1)) == h.expected_revenue()
+
+
+@pytest.mark.slow
+def test_recover_by_the_cli_and_by_the_job_runs_the_divided_steps_past_a_dead_runs_lease(
+    spark_resource, spark, broker, tmp_path, instance, monkeypatch, capsys
+):
+    monkeypatch.setenv("DBSP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home" / "dagster"))
+    h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource)
+    config = tmp_path / "dbsp.yaml"
+    config.write_text(yaml.safe_dump(h.settings))
+    h.produce(300)
+    h.tick()  # step 0 divided, never run
+    Lease(h.root).acquire("a run that died")
+    assert cli.main(["--config", str(config), "recover"]) == 2
+    assert "being advanced by a run that died" in capsys.readouterr().err
+    assert cli.main(["--config", str(config), "recover", "--break-lease"]) == 0
+    out = capsys.readouterr().out
+    assert "holder='a run that died'" in out and "ran steps [0]; next step 1" in out
+    h.produce(200, deletes=20)
+    h.tick()
+    Lease(h.root).acquire("another run that died")
+    job = h.defs.resolve_job_def(f"{h.name}_recover")
+    config = {"ops": {f"{h.name}_recover_op": {"config": {"break_lease": True}}}}
+    assert job.execute_in_process(instance=instance, run_config=config).success
+    assert status(h.root).committed_step == 2 and status(h.root).lease_holder is None
+    assert integral(h.pipeline(spark).outputs.read("bids_by_category", 0, 1)) == h.expected_revenue()
+
+
+def test_the_produce_job_continues_the_demo_events_and_the_status_job_logs_where_the_pipeline_stands(
+    broker, tmp_path, instance
+):
+    # One record per batch, as the embedded broker's clients send: tansu's end offsets count only then.
+    kafka = {"bootstrap_servers": broker.bootstrap, "config": {k: str(v) for k, v in local_producer_config().items()}}
+    resources = {"store": {"root": str(tmp_path / "store")}, "kafka": kafka, "spark": {}}
+    h = Harness(
+        tmp_path,
+        broker.bootstrap,
+        instance,
+        project={"resources": resources},
+        producer="circuits.library.nexmark:nexmark_records",
+    )
+    produce = h.defs.resolve_job_def(f"{h.name}_produce")
+    config = {"ops": {f"{h.name}_produce_op": {"config": {"events": 100}}}}
+    assert all(produce.execute_in_process(instance=instance, run_config=config).success for _ in range(2))
+    ends = h.client.offsets(list(h.source.topics.values())).values()
+    assert sum(high for _, high in ends) == 200  # the second run went on from event 100
+    h.tick()
+    run = h.defs.resolve_job_def(f"{h.name}_status").execute_in_process(instance=instance)
+    logged = "\n".join(entry.user_message for entry in instance.all_logs(run.run_id))
+    assert "divided steps: 1 (waiting to run: 1)" in logged and "lease: free" in logged
+    assert "records not yet in a step" in logged

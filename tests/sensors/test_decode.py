@@ -12,12 +12,12 @@ from circuits.zset import parse_schema, with_weight_schema
 from sensors.broker import LocalBroker, ensure_topics, local_producer_config
 from sensors.decode import read_failed, read_ranges, undelivered
 from sensors.errors import BrokerStalledError, BrokerUnavailableError, OffsetsLostError, SourceError
-from sensors.ingest import KafkaSource, ingest
+from sensors.ingest import KafkaSource
 from sensors.kafka import KafkaClient
-from storage.delta import open_table
 from storage.faults import InjectedCrash
 from storage.logs import Range
 from storage.pipeline import Pipeline
+from storage.tables import open_table
 
 BIDS = SCHEMAS["bids"]
 NOT_UTF8 = "undecodable value: not UTF-8 JSON ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte)"
@@ -119,13 +119,13 @@ def test_offsets_the_broker_no_longer_has_are_an_error_and_leave_the_step_unpers
         OffsetsLostError,
         match=rf"topic '{topic}' partition 0: offsets 3 to 4: the broker at '{broker.bootstrap}' ends at offset 3, below the end 5 the division recorded",
     ):
-        ingest(pipeline, source, 0)
+        pipeline.ingest(0, source.read)
     assert not pipeline.inputs.persisted(0)
     tables = [open_table(pipeline.inputs.uri(h)) for h in pipeline.circuit.inputs]
     assert all(t is None or t.version() == 0 for t in tables)  # never committed to
     # Once the offsets exist, the same division is ingested whole; nothing of the failed read remains.
     client.produce(topic, [bid(3), bid(4)], partition=0)
-    ingest(pipeline, source, 0)
+    pipeline.ingest(0, source.read)
     assert pipeline.inputs.persisted(0)
     persisted = pipeline.inputs.read(0)
     assert persisted.deltas["bids"].select("auction").count() == 4
@@ -327,15 +327,15 @@ def test_a_step_drops_the_bytes_earlier_steps_took_and_reads_again_the_same(
     source = KafkaSource(broker.bootstrap, {"bids": topic, "auctions": new_topic(1), "persons": new_topic(1)})
     pipeline.divisions.record(0, [Range(topic, 0, 0, 2)])
     pipeline.divisions.record(1, [Range(topic, 0, 2, 4)])
-    ingest(pipeline, source, 0)
+    pipeline.ingest(0, source.read)
     # Step 1 dies after it kept what it took, before its inputs: read again, it drops the same.
     monkeypatch.setenv("DBSP_FAULT", "after_taken:1")
     monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
     with pytest.raises(InjectedCrash):
-        ingest(pipeline, source, 1)
+        pipeline.ingest(1, source.read)
     assert not pipeline.inputs.persisted(1)
     monkeypatch.delenv("DBSP_FAULT")
-    ingest(pipeline, source, 1)
+    pipeline.ingest(1, source.read)
     auctions = lambda step: sorted(r.auction for r in pipeline.inputs.read(step).deltas["bids"].collect())
     assert (auctions(0), auctions(1)) == ([0, 1], [2])
     assert pipeline.inputs.taken_before(1) == {(topic, "s1"): len(bid(0) + bid(1)) + 2}

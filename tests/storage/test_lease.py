@@ -1,11 +1,13 @@
 """The pipeline lease (KLogs, docs/klogs.md): one holder at a time, fenced by Delta's commit protocol."""
 
+import os
 import threading
+import time
 
 import pytest
 
 from storage.errors import LeaseHeldError
-from storage.lease import Lease
+from storage.lease import Holder, Lease
 
 
 def race(root: str, contenders: int) -> tuple[list[tuple[str, int]], list[str]]:
@@ -44,9 +46,23 @@ def test_a_held_lease_names_its_holder_and_the_fix_and_is_free_once_its_run_is_g
     assert lease.current().holder == "run-b" and not lease.current().released
     lease.release(taken)
     assert lease.current().released
-    with lease.held("run-c") as third:
+    with lease.held(Holder("run-c")) as third:
         assert lease.current().token == third
     assert lease.current().released
+
+
+def test_a_holder_waits_its_seconds_and_takes_the_lease_once_it_tells_the_holder_is_gone(tmp_path):
+    lease, gone = Lease(str(tmp_path)), []
+    lease.acquire("run-a")
+    started = time.monotonic()
+    with pytest.raises(LeaseHeldError, match="run-a"):
+        with lease.held(Holder("run-b", wait=0.5)):
+            pass
+    assert time.monotonic() - started >= 0.5
+    with lease.held(Holder("run-c", gone=lambda holder: gone.append(holder) or holder == "run-a")) as token:
+        assert lease.current().holder == "run-c" and lease.current().token == token and gone == ["run-a"]
+    with lease.held():  # by default, this process, not waiting
+        assert lease.current().holder == f"pid {os.getpid()}"
 
 
 def test_an_expired_lease_can_be_taken(tmp_path):

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from sensors.gateway.errors import GatewayConfigError, GatewayError, SourceFailed
-from sensors.gateway.executor import AsyncSourceExecutor
-from sensors.gateway.pool import BufferPool
-from sensors.gateway.sources import (
+from gateway.errors import GatewayConfigError, GatewayError, SourceFailed
+from gateway.executor import AsyncSourceExecutor
+from gateway.pool import BufferPool
+from gateway.sources import (
     DirectoryWatcher,
     GeneratorSource,
     Source,

@@ -2,7 +2,7 @@
 
 No threads, no I/O: a chain of migrations ``W -> W' -> W'' ...`` (``Scenario.sizes``),
 one at a time as the live trigger starts them: the next begins once every worker is back
-to one layout.  One :class:`~.icadd.Distributor` per worker, each with a downstream
+to one layout.  One :class:`~gateway.icadd.Distributor` per worker, each with a downstream
 region of ``paths`` FIFO paths into one stateful operator (a source: its state for key K
 is the tuple of K's messages it has processed, so a lost, repeated or reordered message,
 or a state split in two, shows at the next message).  A seeded scheduler
@@ -44,9 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from circuits.layouts import initial, rescale
-from circuits.sharding import DEFAULT_VNODES, Layout
-
-from .icadd import (
+from circuits.vnodes import DEFAULT_VNODES, Layout
+from gateway.icadd import (
     DOWN,
     Acquire,
     Collect,

@@ -12,12 +12,16 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from circuits.daemon import free_port
+from circuits.framing import gateway_range
+from gateway.config import FilesSpec, GatewaySpec, TcpSpec
+from gateway.control import call, running_url
+from gateway.delivery import acknowledged_since
+from gateway.errors import GatewayBrokerError
+from gateway.gateway import Gateway
 from sensors.broker import ensure_topics, local_producer_config
-from sensors.decode import gateway_range, read_ranges
-from sensors.gateway.config import FilesSpec, GatewaySpec, TcpSpec
-from sensors.gateway.control import call, running_url
-from sensors.gateway.gateway import Gateway
+from sensors.decode import read_ranges
 from sensors.kafka import KafkaClient, consumer_config
+from storage.cursors import CursorStore
 from storage.logs import Range
 
 
@@ -80,7 +84,15 @@ def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, 
     ]
     spec = GatewaySpec(buffers=64, buffer_size=256)
     home = str(tmp_path / "gateway")
-    gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    gateway = Gateway(
+        spec,
+        groups,
+        broker.bootstrap,
+        local_producer_config(),
+        home,
+        CursorStore.of_gateway(spec.cursors, home),
+        timeout=10,
+    )
     gateway.start()
     files = {f"f{i}": landing / f"f{i}.log" for i in range(5)}
     written: dict[str, list[bytes]] = {str(path): [] for path in files.values()}
@@ -122,7 +134,15 @@ def test_files_and_tcp_land_whole_once_in_order_and_resume_from_cursors(broker, 
     crash(gateway, home)  # it dies without committing its cursors again
     for path in files.values():
         append(path, 70, 30)
-    restarted = Gateway(spec, groups, broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    restarted = Gateway(
+        spec,
+        groups,
+        broker.bootstrap,
+        local_producer_config(),
+        str(tmp_path / "gateway"),
+        CursorStore.of_gateway(spec.cursors, str(tmp_path / "gateway")),
+        timeout=10,
+    )
     restarted.start()
     try:
         wait_until(lambda: sum(f["bytes"] for n, f in restarted.status()["sources"].items()) > 0)
@@ -150,7 +170,15 @@ def test_a_truncated_file_resumes_at_its_generation_after_a_restart(broker, topi
             f.write(b"\n".join(lines) + b"\n")
         return lines
 
-    gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    gateway = Gateway(
+        spec,
+        groups,
+        broker.bootstrap,
+        local_producer_config(),
+        home,
+        CursorStore.of_gateway(spec.cursors, home),
+        timeout=10,
+    )
     gateway.start()
     try:
         before = write("wb", 0, 30)
@@ -160,7 +188,15 @@ def test_a_truncated_file_resumes_at_its_generation_after_a_restart(broker, topi
     finally:
         gateway.stop()
     after += write("ab", 110, 40)  # now longer than generation 1 was
-    restarted = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    restarted = Gateway(
+        spec,
+        groups,
+        broker.bootstrap,
+        local_producer_config(),
+        home,
+        CursorStore.of_gateway(spec.cursors, home),
+        timeout=10,
+    )
     restarted.start()
     try:
         wait_until(lambda: len(lines_in(broker.bootstrap, topic).get(f"{key}#2", [])) >= len(after))
@@ -181,6 +217,7 @@ def test_a_device_reconnecting_from_a_port_it_used_before_loses_no_line(spark, b
         broker.bootstrap,
         local_producer_config(),
         home,
+        CursorStore.of_gateway(spec.cursors, home),
         timeout=10,
     )
     gateway.start()
@@ -225,6 +262,7 @@ def test_the_status_of_a_stopped_gateway_leaves_no_coroutine_unawaited(broker, t
         broker.bootstrap,
         local_producer_config(),
         str(tmp_path / "gateway"),
+        CursorStore.of_gateway(GatewaySpec(buffers=8, buffer_size=256).cursors, str(tmp_path / "gateway")),
         timeout=10,
     )
     gateway.start()
@@ -265,7 +303,15 @@ def test_a_gateway_that_dies_before_its_first_commit_resends_nothing_after_its_r
             f.write(b"\n".join(lines) + b"\n")
         written.setdefault(str(path), []).extend(lines)
 
-    gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    gateway = Gateway(
+        spec,
+        groups,
+        broker.bootstrap,
+        local_producer_config(),
+        home,
+        CursorStore.of_gateway(spec.cursors, home),
+        timeout=10,
+    )
     gateway.start()
     for i in range(4):
         append(landing / f"f{i}.log", 0, 60)
@@ -273,7 +319,15 @@ def test_a_gateway_that_dies_before_its_first_commit_resends_nothing_after_its_r
     crash(gateway, home)
     for i in range(4):
         append(landing / f"f{i}.log", 60, 10)
-    restarted = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    restarted = Gateway(
+        spec,
+        groups,
+        broker.bootstrap,
+        local_producer_config(),
+        home,
+        CursorStore.of_gateway(spec.cursors, home),
+        timeout=10,
+    )
     restarted.start()
     try:
         wait_until(
@@ -289,7 +343,15 @@ def test_the_cursors_are_committed_without_a_flush(broker, topic, tmp_path):
     landing.mkdir()
     groups = [FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log")]
     spec = GatewaySpec(buffers=16, buffer_size=256, cursor_commit_seconds=0.2)
-    gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), str(tmp_path / "gateway"), timeout=10)
+    gateway = Gateway(
+        spec,
+        groups,
+        broker.bootstrap,
+        local_producer_config(),
+        str(tmp_path / "gateway"),
+        CursorStore.of_gateway(spec.cursors, str(tmp_path / "gateway")),
+        timeout=10,
+    )
     gateway.start()
     try:
         path = landing / "f.log"
@@ -308,7 +370,15 @@ def test_a_restarted_gateway_keeps_the_read_back_offsets_of_partitions_it_wrote_
     spec, home = GatewaySpec(buffers=32, buffer_size=256), str(tmp_path / "gateway")
     for i in range(20):  # enough files for both partitions of the topic
         (landing / f"f{i}.log").write_bytes(b'{"n": 1}\n')
-    gateway = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    gateway = Gateway(
+        spec,
+        groups,
+        broker.bootstrap,
+        local_producer_config(),
+        home,
+        CursorStore.of_gateway(spec.cursors, home),
+        timeout=10,
+    )
     gateway.start()
     wait_until(
         lambda: (
@@ -319,10 +389,28 @@ def test_a_restarted_gateway_keeps_the_read_back_offsets_of_partitions_it_wrote_
     gateway.stop()
     committed = gateway.cursors.load().read_back
     assert {p for _, p in committed} == {0, 1}
-    restarted = Gateway(spec, groups, broker.bootstrap, local_producer_config(), home, timeout=10)
+    restarted = Gateway(
+        spec,
+        groups,
+        broker.bootstrap,
+        local_producer_config(),
+        home,
+        CursorStore.of_gateway(spec.cursors, home),
+        timeout=10,
+    )
     restarted.start()
     try:
         restarted.flush()  # nothing new was written: no acknowledgement in this process
     finally:
         restarted.stop()
     assert restarted.cursors.load().read_back == committed
+
+
+def test_reading_back_names_a_missing_topic_without_creating_it_and_an_absent_broker(broker):
+    missing = f"missing-{os.getpid()}-{time.monotonic_ns()}"
+    with pytest.raises(GatewayBrokerError, match=f"topic\\(s\\) '{missing}' do not exist"):
+        acknowledged_since(broker.bootstrap, None, {}, [missing], timeout=5)
+    assert missing not in KafkaClient(broker.bootstrap).topics()  # asking created nothing
+    nobody = f"127.0.0.1:{free_port()}"
+    with pytest.raises(GatewayBrokerError, match=f"no Kafka broker at '{nobody}' answered the gateway"):
+        acknowledged_since(nobody, None, {}, [missing], timeout=1)

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from sensors.gateway.errors import GatewayConfigError, GatewayError
-from sensors.gateway.pool import Buffer, BufferPool
+from gateway.errors import GatewayConfigError, GatewayError
+from gateway.pool import Buffer, BufferPool
 
 
 class TracingPool(BufferPool):

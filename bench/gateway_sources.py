@@ -33,7 +33,7 @@ latencies are computed after the window from the fixed line size.
 message at once on a thread of its own (Delivery's framing and acknowledgement code still
 run): labelled "no broker", it shows the gateway's own cost.
 
-    python bench/gateway.py --sources 10 100 1000 5000 --seconds 8 --warmup 2 --shapes rate unlimited \
+    python bench/gateway_sources.py --sources 10 100 1000 5000 --seconds 8 --warmup 2 --shapes rate unlimited \
         --delivery broker none      # the defaults: 32 configurations, about 8 minutes
 """
 
@@ -53,12 +53,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
+from gateway.delivery import Delivery
+from gateway.executor import AsyncSourceExecutor
+from gateway.gateway import flush_on_idle
+from gateway.pool import BufferPool
+from gateway.sources import GeneratorSource, SyncGeneratorSource
 from sensors.broker import LocalBroker, ensure_topics, local_producer_config
-from sensors.gateway.delivery import Delivery
-from sensors.gateway.executor import AsyncSourceExecutor
-from sensors.gateway.gateway import flush_on_idle
-from sensors.gateway.pool import BufferPool
-from sensors.gateway.sources import GeneratorSource, SyncGeneratorSource
 
 TOPIC = "gateway-bench"
 

@@ -4,8 +4,8 @@ pieces, nothing lost or reordered (pure logic: no broker)."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sensors.gateway.delivery import _Source, cut
-from sensors.gateway.gateway import resume_positions
+from gateway.delivery import _Source, cut
+from gateway.gateway import resume_positions
 from storage.cursors import Cursors
 
 SIZE = 16

@@ -15,8 +15,8 @@ message), :meth:`Distributor.begin` (the trigger of a migration) and
 :meth:`Distributor.collect` (move one key of ``whitelist``).  Each returns the list of
 ``(destination, message)`` it wants sent: ``DOWN`` for its local downstream, a worker id
 for another worker (the message is then an :class:`Envelope` carrying the sender's
-version).  Whoever calls it delivers them: the simulator (:mod:`.icadd_sim`) or the live
-gateway.  It assumes, like ICADD, FIFO channels: between two workers (per ordered
+version).  Whoever calls it delivers them: the simulator (``tests/gateway/icadd_sim.py``)
+or the live gateway.  It assumes, like ICADD, FIFO channels: between two workers (per ordered
 pair) and along each downstream path.
 
 What the caller must also do: start one migration at a time (the next ``begin`` only once
@@ -81,69 +81,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
-from circuits.sharding import DEFAULT_VNODES, Layout
+from circuits.vnodes import Layout, vnode_of_key
 
 # -- placement: F(K, W) ------------------------------------------------------------------------
-
-_M = (1 << 64) - 1
-_P1, _P2, _P3, _P4, _P5 = (
-    11400714785074694791,
-    14029467366897019727,
-    1609587929392839161,
-    9650029242287828579,
-    2870177450012600261,
-)
-SPARK_SEED = 42
-"""The seed of Spark's ``xxhash64``."""
-
-
-def _rotl(x: int, r: int) -> int:
-    return ((x << r) | (x >> (64 - r))) & _M
-
-
-def _round(acc: int, lane: int) -> int:
-    return _rotl((acc + lane * _P2) & _M, 31) * _P1 & _M
-
-
-def _lane(data: bytes, i: int, width: int = 8) -> int:
-    return int.from_bytes(data[i : i + width], "little")
-
-
-def xxhash64(data: bytes, seed: int = SPARK_SEED) -> int:
-    """XXH64 of ``data`` as a signed 64-bit int: Spark's ``xxhash64`` of a string column is
-    this of its UTF-8 bytes (so a key lands on the same vnode here as in the pipeline)."""
-    n, i = len(data), 0
-    if n >= 32:
-        acc = [(seed + _P1 + _P2) & _M, (seed + _P2) & _M, seed & _M, (seed - _P1) & _M]
-        while i + 32 <= n:
-            acc = [_round(a, _lane(data, i + 8 * j)) for j, a in enumerate(acc)]
-            i += 32
-        h = (_rotl(acc[0], 1) + _rotl(acc[1], 7) + _rotl(acc[2], 12) + _rotl(acc[3], 18)) & _M
-        for a in acc:
-            h = ((h ^ _round(0, a)) * _P1 + _P4) & _M
-    else:
-        h = (seed + _P5) & _M
-    h = (h + n) & _M
-    while i + 8 <= n:
-        h = (_rotl(h ^ _round(0, _lane(data, i)), 27) * _P1 + _P4) & _M
-        i += 8
-    if i + 4 <= n:
-        h = (_rotl(h ^ (_lane(data, i, 4) * _P1 & _M), 23) * _P2 + _P3) & _M
-        i += 4
-    while i < n:
-        h = _rotl(h ^ (data[i] * _P5 & _M), 11) * _P1 & _M
-        i += 1
-    h ^= h >> 33
-    h = h * _P2 & _M
-    h ^= h >> 29
-    h = h * _P3 & _M
-    h ^= h >> 32
-    return h - (1 << 64) if h >> 63 else h
-
-
-def vnode_of_key(key: str, vnodes: int = DEFAULT_VNODES) -> int:
-    """``pmod(xxhash64(K), S)``: the vnode of a source id (Python's ``%`` is ``pmod``)."""
-    return xxhash64(key.encode()) % vnodes
 
 
 @dataclass(frozen=True)

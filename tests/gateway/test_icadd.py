@@ -12,7 +12,7 @@ from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 
 from circuits.layouts import initial, rescale
-from sensors.gateway.icadd import (
+from gateway.icadd import (
     DOWN,
     Acquire,
     Collect,
@@ -25,10 +25,8 @@ from sensors.gateway.icadd import (
     Phase,
     Placement,
     Rules,
-    vnode_of_key,
-    xxhash64,
 )
-from sensors.gateway.icadd_sim import Scenario, Violation, simulate
+from tests.gateway.icadd_sim import Scenario, Violation, simulate
 
 W2 = initial(256, 2)
 W3 = rescale(W2, 3)
@@ -53,17 +51,6 @@ def interrogated(d: Distributor, keys: set[str] = frozenset()) -> list:
 
 
 # -- placement ---------------------------------------------------------------------------------
-
-
-def test_xxhash64_and_vnodes_are_sparks():
-    # Values from Spark's F.xxhash64 and F.pmod(F.xxhash64(k), 256) on the same strings.
-    assert xxhash64(b"") == -7444071767201028348 and vnode_of_key("") == 4
-    assert xxhash64(b"a") == -8582455328737087284 and vnode_of_key("a") == 204
-    assert xxhash64(b"abc") == 1423657621850124518 and vnode_of_key("abc") == 230
-    assert xxhash64(b"file-0001.log") == -5279074386861647070 and vnode_of_key("file-0001.log") == 34
-    assert xxhash64(b"", 0) & (2**64 - 1) == 0xEF46DB3751D8E999  # the reference vector
-    long_key = "source/" + "q" * 60  # the 32-byte stripes
-    assert vnode_of_key(long_key) == xxhash64(long_key.encode()) % 256
 
 
 def test_placement_moves_about_one_in_w_plus_one():

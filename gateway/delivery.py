@@ -2,12 +2,12 @@
 
 A buffer is produced to its source group's topic with the source id as key (so a
 source's bytes stay in one partition, in order) and its byte range in header
-:data:`~sensors.decode.RANGE_HEADER`.  A message holds whole records: the bytes after a
+:data:`~circuits.framing.RANGE_HEADER`.  A message holds whole records: the bytes after a
 buffer's last newline wait for the rest of their record and go out at the head of the
 source's next message.  This is the only look the gateway takes at the bytes, so that a
 record never spans two messages (and hence two steps); splitting a message into records
 and decoding them happen in the step's Spark job.  A record longer than a buffer goes out
-in pieces marked with :data:`~sensors.decode.PARTIAL_HEADER`, which the step turns into
+in pieces marked with :data:`~circuits.framing.PARTIAL_HEADER`, which the step turns into
 dead letters.
 
 A buffer goes back to the pool when the broker acknowledged its message, so an
@@ -23,14 +23,19 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from storage.cursors import Cursors
+from circuits.framing import gateway_range, range_headers
 
-from ..decode import PARTIAL_HEADER, RANGE_HEADER, gateway_range
-from ..errors import BrokerUnavailableError
-from ..kafka import KafkaClient, client_config, consumer_config
+from .errors import GatewayBrokerError
 from .pool import Buffer
+
+
+def kafka_config(bootstrap_servers: str, config: dict | None, settings: dict) -> dict:
+    """librdkafka settings: the bootstrap servers and ``settings``, then the user's ``config``."""
+    # librdkafka logs every failed connection attempt to stderr; the failure reaches the
+    # user as a GatewayBrokerError instead.
+    return {"bootstrap.servers": bootstrap_servers, "log_level": 0, **settings, **(config or {})}
 
 
 @dataclass
@@ -99,9 +104,7 @@ class Delivery:
         # Idempotence: a retried request is neither written twice nor reordered.  The step's
         # reader skips a source's bytes below what it already read, so a later range landing
         # before an earlier one would lose the earlier one.
-        self._producer = Producer(
-            client_config(bootstrap_servers, {"linger.ms": 0, "enable.idempotence": True, **(config or {})})
-        )
+        self._producer = Producer(kafka_config(bootstrap_servers, config, {"linger.ms": 0, "enable.idempotence": True}))
         self._release = release
         self._on_failure = on_failure
         self._sources: dict[str, _Source] = {}
@@ -181,7 +184,7 @@ class Delivery:
         self, source: str, state: _Source, value: bytes, start: int, partial: bool, buffer: Buffer | None
     ) -> None:
         end = start + len(value)
-        headers = [(RANGE_HEADER, f"{start}-{end}".encode())] + ([(PARTIAL_HEADER, b"1")] if partial else [])
+        headers = range_headers(start, end, partial)
 
         def delivered(error: KafkaError | None, message: Message) -> None:
             self._delivered(source, start, end, error, message, buffer)
@@ -241,9 +244,10 @@ class Delivery:
         """Waits until every message produced so far is acknowledged; returns how many are not."""
         return self._producer.flush(timeout)
 
-    def cursors(self) -> Cursors:
-        """What may be committed now: each re-readable source's acknowledged prefix, and per
-        partition the offset from which every message beyond those prefixes lies."""
+    def cursors(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, int], int]]:
+        """What may be committed now: each re-readable source's acknowledged prefix (per
+        ``(topic, source)``), and per ``(topic, partition)`` the offset from which every
+        message beyond those prefixes lies."""
         with self._lock:
             positions = {(s.topic, name): s.acked for name, s in self._sources.items() if s.rereadable}
             # A partition this process had nothing acknowledged in keeps the read-back offset it
@@ -253,7 +257,7 @@ class Delivery:
                 # Out-of-order acknowledgements: the read-back starts at the earliest beyond a cursor.
                 for p, offset in s.partition_offsets.values():
                     read_back[p] = min(read_back[p], offset)
-        return Cursors(positions, read_back)
+        return positions, read_back
 
     def read_back_from(self, committed: dict[tuple[str, int], int]) -> None:
         """The read-back offsets of the cursors this process started from."""
@@ -300,16 +304,19 @@ def acknowledged_since(
     A partition of ``topics`` without a read-back offset (no commit saw a message of it:
     the gateway died before its first commit, or the partition is new) is read from its
     earliest offset."""
-    # The topics' partitions from a listing of every topic: a metadata request naming a
-    # missing topic would make the bundled broker create it.
-    earliest = {
-        key: low for key, (low, _) in KafkaClient(bootstrap_servers, config, timeout).offsets(set(topics)).items()
-    }
     found: dict[tuple[str, str], dict[int, int]] = {}
-    consumer = Consumer(consumer_config(bootstrap_servers, {"group.id": "dbsp-gateway", **(config or {})}))
+    consumer = Consumer(
+        # Reads explicitly assigned offsets and never commits; offsets that are gone fail the read.
+        kafka_config(bootstrap_servers, config, {"group.id": "dbsp-gateway"})
+        | {"enable.auto.commit": False, "auto.offset.reset": "error"}
+    )
     try:
-        for (topic, partition), start in (earliest | read_back).items():
-            for message in _messages(consumer, topic, partition, start, timeout):
+        for topic, partition in _partitions(consumer, bootstrap_servers, set(topics), timeout) | read_back.keys():
+            low, high = _broker(
+                bootstrap_servers, timeout, consumer.get_watermark_offsets, TopicPartition(topic, partition), timeout
+            )
+            start = read_back.get((topic, partition), low)
+            for message in _messages(consumer, topic, partition, start, high, timeout):
                 framed = gateway_range(message)
                 if framed is not None:
                     found.setdefault((topic, message.key().decode()), {})[framed[0]] = framed[1]
@@ -318,9 +325,34 @@ def acknowledged_since(
     return found
 
 
-def _messages(consumer: Consumer, topic: str, partition: int, start: int, timeout: float) -> Iterable[Message]:
-    """The messages of a partition from ``start`` to its current end."""
-    _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout)
+def _broker(bootstrap_servers: str, timeout: float, request: Callable, *args):
+    """``request(*args)``, a failure to reach the broker raised as a :class:`GatewayBrokerError`."""
+    try:
+        return request(*args)
+    except KafkaException as e:
+        raise GatewayBrokerError(
+            f"no Kafka broker at {bootstrap_servers!r} answered the gateway within {timeout:g} s ({e}): "
+            "check the bootstrap servers setting (bootstrap.servers) and that the broker is running"
+        ) from e
+
+
+def _partitions(consumer: Consumer, bootstrap_servers: str, topics: set[str], timeout: float) -> set[tuple[str, int]]:
+    """Every partition of ``topics``.  From a listing of every topic: a metadata request
+    naming a missing topic would make the bundled broker create it."""
+    listed = _broker(bootstrap_servers, timeout, consumer.list_topics, None, timeout).topics
+    missing = sorted(topics - listed.keys())
+    if missing:
+        raise GatewayBrokerError(
+            f"topic(s) {', '.join(map(repr, missing))} do not exist on the broker at {bootstrap_servers!r}: "
+            "create them, or correct the topic of the sources that write to them"
+        )
+    return {(t, p) for t in topics for p in listed[t].partitions}
+
+
+def _messages(
+    consumer: Consumer, topic: str, partition: int, start: int, high: int, timeout: float
+) -> Iterable[Message]:
+    """The messages of a partition from ``start`` to ``high``, its end."""
     if start >= high:
         return
     consumer.assign([TopicPartition(topic, partition, start)])
@@ -328,7 +360,7 @@ def _messages(consumer: Consumer, topic: str, partition: int, start: int, timeou
     while position < high:
         messages = consumer.consume(min(high - position, 10_000), timeout)
         if not messages:
-            raise BrokerUnavailableError(
+            raise GatewayBrokerError(
                 f"reading back topic {topic!r} partition {partition} from offset {position} for the gateway's restart: "
                 f"nothing delivered within {timeout:g} s; check the broker"
             )

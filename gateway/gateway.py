@@ -24,9 +24,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from storage.cursors import Cursors, CursorStore
-from storage.errors import StorageError
+from circuits.errors import DbspError
 
 from .config import FilesSpec, GatewaySpec, GeneratorSpec, HttpSpec, SourceSpec, TcpSpec
 from .control import ControlServer
@@ -42,8 +42,26 @@ log = logging.getLogger(__name__)
 ENDED = (FINISHED, FAILED, GONE, REPLACED)
 
 
+class Committed(Protocol):
+    """Cursors as committed: byte positions per ``(topic, source)``, read-back offsets per
+    ``(topic, partition)`` (see :meth:`.delivery.Delivery.cursors`)."""
+
+    positions: dict[tuple[str, str], int]
+    read_back: dict[tuple[str, int], int]
+
+
+class CursorStore(Protocol):
+    """Where the gateway commits its cursors.  Whoever starts the gateway hands it in (the
+    ``dbsp`` CLI: the Delta table of :mod:`storage.cursors`), so this package loads no
+    delta-rs and no storage layer of its own."""
+
+    def load(self) -> Committed: ...
+
+    def commit(self, positions: dict[tuple[str, str], int], read_back: dict[tuple[str, int], int]) -> int: ...
+
+
 def resume_positions(
-    committed: Cursors, acknowledged: dict[tuple[str, str], dict[int, int]]
+    committed: Committed, acknowledged: dict[tuple[str, str], dict[int, int]]
 ) -> dict[tuple[str, str], int]:
     """Where each source resumes: its committed position (0 when none), advanced over the
     acknowledged ranges ``{start: end}`` found since while they continue it without a gap."""
@@ -60,7 +78,7 @@ def flush_on_idle(delivery: Delivery, executor: AsyncSourceExecutor) -> None:
     """Whenever the producer's queue has emptied, the partly filled buffers go out.  One
     flush at a time: a flush walks every source, and with thousands of them notices that
     come faster than flushes finish would pile flushes up on the loop (measured with
-    ``bench/gateway.py``: at 5,000 sources they took 38% of the loop)."""
+    ``bench/gateway_sources.py``: at 5,000 sources they took 38% of the loop)."""
     running: list[concurrent.futures.Future] = []
 
     def flush() -> None:
@@ -80,11 +98,12 @@ class Gateway:
         bootstrap_servers: str,
         kafka_config: dict | None,
         home: str,
+        cursors: CursorStore,
         timeout: float = 30.0,
     ) -> None:
         self.spec, self.groups, self.home, self.timeout = spec, groups, home, timeout
         self._kafka = (bootstrap_servers, kafka_config)
-        self.cursors = CursorStore(spec.cursors or os.path.join(home, "cursors"))
+        self.cursors = cursors
         self.pool = BufferPool(spec.buffers, spec.buffer_size)
         self.delivery = Delivery(
             bootstrap_servers, kafka_config, self.pool.release, self._delivery_failed, spec.cursor_commit_bytes
@@ -156,7 +175,7 @@ class Gateway:
         """Commits what the broker acknowledged so far; returns the cursor table's version."""
         with self._commit_lock:
             unsaved = self.delivery.unsaved  # read first: what is acknowledged later stays unsaved
-            version = self.cursors.commit(self.delivery.cursors())
+            version = self.cursors.commit(*self.delivery.cursors())
             self.delivery.saved(unsaved)
             return version
 
@@ -171,7 +190,7 @@ class Gateway:
             if self.delivery.unsaved:
                 try:
                     self._commit()
-                except StorageError as e:
+                except DbspError as e:  # the store's own error, naming the table and the cause
                     log.warning("%s; trying again in %g s", e, self.spec.cursor_commit_seconds)
                     self._stopping.wait(self.spec.cursor_commit_seconds)
 

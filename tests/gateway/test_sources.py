@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from sensors.gateway.errors import GatewayConfigError, SourceFailed, SourceGone, SourceReplaced
-from sensors.gateway.executor import AsyncSourceExecutor
-from sensors.gateway.pool import BufferPool
-from sensors.gateway.sources import (
+from gateway.errors import GatewayConfigError, SourceFailed, SourceGone, SourceReplaced
+from gateway.executor import AsyncSourceExecutor
+from gateway.pool import BufferPool
+from gateway.sources import (
     DirectoryWatcher,
     FileSource,
     GeneratorSource,

@@ -1,4 +1,4 @@
-"""Errors of the source gateway, rooted in :class:`sensors.errors.SourceError`.
+"""Errors of the source gateway, rooted in :class:`circuits.errors.DbspError`.
 
 Settings are named as in ``dbsp.yaml``: ``gateway.buffers``, ``gateway.buffer_size``,
 ``gateway.io_threads``, and per source ``sources[i].<field>``.
@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sensors.errors import SourceError
+from circuits.errors import DbspError
 
 if TYPE_CHECKING:
     from .sources import Source
 
 
-class GatewayError(SourceError):
+class GatewayError(DbspError):
     """The gateway or one of its parts was used against its rules."""
+
+
+class GatewayBrokerError(GatewayError):
+    """The broker did not answer the gateway (or lacks a topic it writes) in time."""
 
 
 class GatewayConfigError(GatewayError):

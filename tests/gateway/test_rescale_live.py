@@ -21,18 +21,19 @@ from circuits import Circuit
 from circuits.layouts import initial, rescale
 from dagster_project import cli
 from dagster_project.config import HOME_ENV
+from gateway.config import FilesSpec, GatewaySpec
+from gateway.control import call
+from gateway.errors import GatewayError
+from gateway.gateway import Gateway
+from gateway.icadd import Placement
 from sensors.broker import ensure_topics, local_producer_config
-from sensors.gateway.config import FilesSpec, GatewaySpec
-from sensors.gateway.control import call
-from sensors.gateway.errors import GatewayError
-from sensors.gateway.gateway import Gateway
-from sensors.gateway.icadd import Placement
-from sensors.ingest import KafkaSource, run_steps
+from sensors.ingest import KafkaSource
 from sensors.kafka import KafkaClient, consumer_config
+from storage.cursors import CursorStore
 from storage.inspect import rows_of_steps
 from storage.logs import Range
 from storage.pipeline import Pipeline
-from tests.sensors.gateway.test_gateway import connection_id, lines_in, wait_for_lines, wait_until
+from tests.gateway.test_gateway import connection_id, lines_in, wait_for_lines, wait_until
 
 LINE = "file int, n bigint, t bigint"
 """A line's columns: ``{"file": i, "n": n, "t": time_ns}``, the ``n``-th line of file ``i``."""
@@ -117,7 +118,15 @@ def grow_and_rescale(
     groups = [
         FilesSpec(kind="files", name="files", topic=topic, directory=str(landing), pattern="*.log", poll_interval=0.02)
     ]
-    gateway = Gateway(spec, groups, bootstrap, local_producer_config(), str(root / "gateway"), timeout=30)
+    gateway = Gateway(
+        spec,
+        groups,
+        bootstrap,
+        local_producer_config(),
+        str(root / "gateway"),
+        CursorStore.of_gateway(spec.cursors, str(root / "gateway")),
+        timeout=30,
+    )
     tail = Tail(bootstrap, topic, 2)
     client = KafkaClient(bootstrap)
     cuts: list[dict[int, int]] = []
@@ -194,7 +203,7 @@ def check_view(spark, bootstrap: str, result: dict, root: str) -> dict:
         pipeline.divisions.record(step, [Range(topic, p, previous[p], end[p]) for p in sorted(end)])
         previous = end
     last = len(ends) - 1
-    assert list(run_steps(pipeline, KafkaSource(bootstrap, {"lines": topic}), 0, last)) == list(range(len(ends)))
+    assert list(pipeline.run_steps(KafkaSource(bootstrap, {"lines": topic}).read, 0, last)) == list(range(len(ends)))
     dead = rows_of_steps(pipeline.inputs.dead_letters_uri, 0, last)
     assert dead == 0, f"{dead} dead letter(s): {pipeline.inputs.dead_letters().limit(3).collect()}"
     changes = Counter()
@@ -265,6 +274,9 @@ def test_rescale_is_refused_while_a_migration_runs_and_status_shows_the_workers(
         broker.bootstrap,
         local_producer_config(),
         str(tmp_path / "home" / "gateway"),
+        CursorStore.of_gateway(
+            GatewaySpec(buffers=16, buffer_size=256, io_threads=1).cursors, str(tmp_path / "home" / "gateway")
+        ),
         timeout=10,
     )
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
@@ -291,8 +303,8 @@ def test_rescale_is_refused_while_a_migration_runs_and_status_shows_the_workers(
 
 
 def test_the_executor_adds_a_source_on_a_given_thread_and_grows_and_shrinks_its_loops():
-    from sensors.gateway.sources import GeneratorSource
-    from tests.sensors.gateway.test_executor import executor_of, lines
+    from gateway.sources import GeneratorSource
+    from tests.gateway.test_executor import executor_of, lines
 
     executor, collector = executor_of(16, 256)
     executor.start()
@@ -332,6 +344,9 @@ def test_a_file_its_owner_refuses_for_a_full_pool_is_offered_again_when_there_is
         broker.bootstrap,
         local_producer_config(),
         str(tmp_path / "gateway"),
+        CursorStore.of_gateway(
+            GatewaySpec(buffers=3, buffer_size=256, io_threads=2).cursors, str(tmp_path / "gateway")
+        ),
         timeout=10,
     )
     gateway.start()
@@ -359,7 +374,7 @@ def test_a_file_its_owner_refuses_for_a_full_pool_is_offered_again_when_there_is
 
 
 def test_generators_stay_where_they_started_and_their_worker_cannot_leave(broker, tmp_path):
-    from sensors.gateway.config import GeneratorSpec
+    from gateway.config import GeneratorSpec
 
     topic = f"gwr-{os.urandom(4).hex()}"
     ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
@@ -369,6 +384,9 @@ def test_generators_stay_where_they_started_and_their_worker_cannot_leave(broker
         broker.bootstrap,
         local_producer_config(),
         str(tmp_path / "gateway"),
+        CursorStore.of_gateway(
+            GatewaySpec(buffers=64, buffer_size=256, io_threads=2).cursors, str(tmp_path / "gateway")
+        ),
         timeout=10,
     )
     gateway.start()
@@ -386,7 +404,7 @@ def test_generators_stay_where_they_started_and_their_worker_cannot_leave(broker
 def test_a_moving_tcp_connection_is_closed_and_the_device_reconnects_to_its_new_owner(broker, tmp_path):
     import socket
 
-    from sensors.gateway.config import TcpSpec
+    from gateway.config import TcpSpec
 
     topic = f"gwr-{os.urandom(4).hex()}"
     ensure_topics(broker.bootstrap, {topic: 1}, timeout=5)
@@ -396,6 +414,9 @@ def test_a_moving_tcp_connection_is_closed_and_the_device_reconnects_to_its_new_
         broker.bootstrap,
         local_producer_config(),
         str(tmp_path / "gateway"),
+        CursorStore.of_gateway(
+            GatewaySpec(buffers=64, buffer_size=256, io_threads=2).cursors, str(tmp_path / "gateway")
+        ),
         timeout=10,
     )
     gateway.start()

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from circuits.layouts import initial, rescale
-from circuits.sharding import DEFAULT_VNODES, Layout
+from circuits.vnodes import DEFAULT_VNODES, Layout
 
 from .errors import GatewayError
 from .executor import AsyncSourceExecutor

@@ -1,0 +1,106 @@
+"""The step driver in storage: a step range's input read through the reader the caller
+passes in (no source imported), persisted once, run and committed as one checkpoint;
+recovery and layout changes under the lease, as the CLI and the Dagster jobs call them."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+
+from circuits import from_rows
+from circuits.library import word_count
+from storage.errors import LeaseHeldError, StepOrderError
+from storage.lease import Holder, Lease
+from storage.logs import Range
+from storage.pipeline import Pipeline, StepInput
+
+from .test_storage import STEPS, submit_all, totals
+
+
+class RowsReader:
+    """A source of the word count's rows: the range starting at offset ``10 * s`` holds
+    step ``s``'s rows (as :func:`tests.storage.test_storage.submit_all` divides them)."""
+
+    def __init__(self) -> None:
+        self.read_steps: list[int] = []
+
+    @contextmanager
+    def __call__(self, spark, ranges, schemas, taken):
+        [r] = ranges
+        step = r.start // 10
+        self.read_steps.append(step)
+        yield StepInput({name: from_rows(spark, rows, schemas[name]) for name, rows in STEPS[step].items()})
+
+
+def divide(pipeline: Pipeline, steps: int) -> None:
+    for step in range(steps):
+        pipeline.divisions.record(step, [Range("words", 0, step * 10, step * 10 + 10)])
+
+
+@pytest.fixture
+def reference(spark, tmp_path) -> Pipeline:
+    pipeline = Pipeline(spark, str(tmp_path / "reference"), word_count(), workers=2)
+    submit_all(spark, pipeline)
+    pipeline.run()
+    return pipeline
+
+
+def test_a_step_range_reads_each_divided_step_once_and_commits_what_submitted_input_gives(spark, tmp_path, reference):
+    pipeline, reader = Pipeline(spark, str(tmp_path / "p"), word_count(), workers=2), RowsReader()
+    divide(pipeline, len(STEPS))
+    assert pipeline.run_steps(reader, 0, 1) == range(0, 2)
+    assert pipeline.run_steps(reader, 0, 2) == range(2, 3)  # committed steps are not read again
+    assert pipeline.run_steps(reader, 1, 2) == range(3, 3)
+    assert reader.read_steps == [0, 1, 2]
+    assert totals(pipeline, 2) == totals(reference, 2)
+    assert pipeline.timings["ingest"] > 0
+
+
+def test_a_step_the_division_log_has_not_cut_is_refused_before_any_read(spark, tmp_path):
+    pipeline, reader = Pipeline(spark, str(tmp_path / "p"), word_count()), RowsReader()
+    divide(pipeline, 1)
+    with pytest.raises(StepOrderError, match="step 1 has no recorded division yet"):
+        pipeline.run_steps(reader, 0, 1)
+    assert reader.read_steps == [0] and pipeline.inputs.persisted(0) and not pipeline.inputs.persisted(1)
+
+
+def test_recover_runs_every_divided_uncommitted_step_once_a_dead_holders_lease_is_broken(spark, tmp_path, reference):
+    pipeline, reader = Pipeline(spark, str(tmp_path / "p"), word_count(), workers=2), RowsReader()
+    divide(pipeline, len(STEPS))
+    pipeline.run_steps(reader, 0, 0)
+    Lease(pipeline.root).acquire("a run that died")
+    with pytest.raises(LeaseHeldError, match="a run that died"):
+        pipeline.recover(reader, Holder("recovery"))
+    assert reader.read_steps == [0]  # refused before reading anything
+    recovery = pipeline.recover(reader, Holder("recovery"), break_lease=True)
+    assert recovery.broken.holder == "a run that died"
+    assert (recovery.ran, recovery.next_step) == (range(1, 3), 3) and reader.read_steps == [0, 1, 2]
+    assert totals(pipeline, 2) == totals(reference, 2)
+    lease = Lease(pipeline.root).current()
+    assert (lease.holder, lease.released) == ("recovery", True)
+    assert pipeline.recover(reader, Holder("again")).ran == range(3, 3)
+
+
+@pytest.mark.parametrize("hot", [False, True], ids=["cold", "hot"])
+def test_a_rescale_holds_the_lease_for_all_of_a_cold_change_and_only_to_switch_a_hot_one(
+    spark, tmp_path, reference, monkeypatch, hot
+):
+    pipeline = Pipeline(spark, str(tmp_path / "p"), word_count(), workers=2)
+    submit_all(spark, pipeline)
+    pipeline.run(through=1)
+    events, prepare = [], pipeline.prepare_rescale
+    monkeypatch.setattr(pipeline, "prepare_rescale", lambda *a: events.append("copy") or prepare(*a))
+    Lease(pipeline.root).acquire("a run that ended")
+
+    def gone(holder: str) -> bool:  # asked while waiting for the lease
+        events.append("wait for the lease")
+        return holder == "a run that ended"
+
+    report = pipeline.rescale(3, hot=hot, holder=Holder("rescale", wait=5, gone=gone))
+    assert events == (["copy", "wait for the lease"] if hot else ["wait for the lease", "copy"])
+    assert report.after.workers == 3 and pipeline.layout() == report.after
+    assert (report.copy_seconds > 0) == hot and report.pause_seconds > 0
+    assert Lease(pipeline.root).current().holder == "rescale" and Lease(pipeline.root).current().released
+    pipeline.run()  # the last step on the new layout: the same output
+    assert totals(pipeline, 2) == totals(reference, 2)
