@@ -63,9 +63,10 @@ def project(root: str, events: int, broker: int, spark: int) -> dict:
 class Served:
     """``dbsp dev`` in ``root`` and what the bench needs of it."""
 
-    def __init__(self, root: str, events: int) -> None:
+    def __init__(self, root: str, events: int, broker: int | None = None, spark: int | None = None) -> None:
+        """``broker``, ``spark``: the embedded broker's and Spark server's ports (default: free ones)."""
         self.root, self.port = root, free_port()
-        self.broker, self.spark = free_port(), free_port()
+        self.broker, self.spark = broker or free_port(), spark or free_port()
         settings = project(root, events, self.broker, self.spark)
         config = os.path.join(root, "dbsp.yaml")
         with open(config, "w") as f:
@@ -101,10 +102,11 @@ class Served:
                 time.sleep(0.5)
         raise RuntimeError(f"dagster dev did not serve within {TIMEOUT:g} s; see {self.log.name}")
 
-    def step(self, events: int) -> dict:
-        """Produces ``events`` events and returns the figures of the step run they cause."""
+    def step(self, events: int, records_of=nexmark_records) -> dict:
+        """Produces ``events`` events of ``records_of`` (a demo producer) and returns the
+        figures of the step run they cause."""
         seen = self._runs(f"{PIPELINE}_step_job")
-        produce_events(self.kafka.source(self.spec), nexmark_records, events, seed=0)
+        produce_events(self.kafka.source(self.spec), records_of, events, seed=0)
         return self._finished(f"{PIPELINE}_step_job", seen)
 
     def status_run(self) -> dict:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,6 +13,10 @@ from hypothesis import strategies as st
 
 from circuits import InMemoryStateStore, StepRunner, from_rows
 from circuits.circuit import Circuit
+from circuits.zset import WEIGHT
+from storage.faults import InjectedCrash
+from storage.logs import STEP, Range
+from storage.pipeline import Pipeline
 
 from ..oracle import add_into, zset
 
@@ -21,18 +27,36 @@ Expected = Callable[[int, list[dict[str, Counter]], dict[str, Counter]], dict[st
 def run_and_compare(spark, circuit: Circuit, steps: list[dict[str, Delta]], workers: int, expected: Expected) -> None:
     """At every step, each output must match ``expected``: ``("integral", Z)`` compares the
     integral of the output so far with Z; ``("step", Z)`` compares this step's output."""
-    # At 2 workers lookups shuffle whole traces, at 1 and 4 they broadcast the step's keys:
-    # every property test covers both ways of reading state, in both kinds of step.
-    runner = StepRunner(circuit, spark, InMemoryStateStore(small_traces=workers == 2), workers=workers)
+    compare(circuit, steps, workers, expected, in_memory_outputs(spark, circuit, steps, workers))
+
+
+def run_and_compare_durably(
+    spark,
+    circuit: Circuit,
+    steps: list[dict[str, Delta]],
+    workers: int,
+    expected: Expected,
+    root: str,
+    restart: Restart,
+) -> None:
+    """:func:`run_and_compare` over a real :class:`Pipeline` on Delta at ``root``, one
+    checkpoint per step, restarted as ``restart`` says."""
+    compare(circuit, steps, workers, expected, durable_outputs(spark, circuit, steps, workers, root, restart))
+
+
+def compare(
+    circuit: Circuit,
+    steps: list[dict[str, Delta]],
+    workers: int,
+    expected: Expected,
+    produced_steps: Iterable[dict[str, list[tuple]]],
+) -> None:
+    """Checks each step's outputs (``produced_steps``, one dict per step, consumed in
+    order so that a failure names the first wrong step) against ``expected``."""
     integrated = {name: Counter() for name in circuit.inputs}
     deltas: list[dict[str, Counter]] = []
     outputs = {name: Counter() for name in circuit.outputs}
-    for t, step in enumerate(steps):
-        inputs = {name: from_rows(spark, rows, circuit.inputs[name]) for name, rows in step.items() if rows}
-        # Even steps say how small they are, so they run in one partition; odd steps are
-        # planned across the workers: the two kinds of step read each other's state.
-        rows = sum(len(r) for r in step.values()) if t % 2 == 0 else None
-        produced = runner.step(inputs, rows=rows).collect_outputs()
+    for t, (step, produced) in enumerate(zip(steps, produced_steps, strict=True)):
         deltas.append({name: zset(step.get(name, [])) for name in circuit.inputs})
         for name, delta in deltas[-1].items():
             add_into(integrated[name], delta)
@@ -46,6 +70,74 @@ def run_and_compare(spark, circuit: Circuit, steps: list[dict[str, Delta]], work
                 f"step {t}, workers={workers}, output {name!r} ({mode}):\n"
                 f"  missing: {dict(want - got)}\n  extra:   {dict(got - want)}"
             )
+
+
+def in_memory_outputs(spark, circuit: Circuit, steps: list[dict[str, Delta]], workers: int) -> Iterator[dict]:
+    # At 2 workers lookups shuffle whole traces, at 1 and 4 they broadcast the step's keys:
+    # every property test covers both ways of reading state, in both kinds of step.
+    runner = StepRunner(circuit, spark, InMemoryStateStore(small_traces=workers == 2), workers=workers)
+    for t, step in enumerate(steps):
+        # Even steps say how small they are, so they run in one partition; odd steps are
+        # planned across the workers: the two kinds of step read each other's state.
+        rows = sum(len(r) for r in step.values()) if t % 2 == 0 else None
+        yield runner.step(inputs_of(spark, circuit, step), rows=rows).collect_outputs()
+
+
+def inputs_of(spark, circuit: Circuit, step: dict[str, Delta]) -> dict:
+    return {name: from_rows(spark, rows, circuit.inputs[name]) for name, rows in step.items() if rows}
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Where a durable run is restarted: a new :class:`Pipeline` on the same root runs
+    ``step``, after the old one either stopped cleanly before it (``fault`` None) or died
+    inside it at the fault point ``fault`` (:mod:`storage.faults`)."""
+
+    step: int
+    fault: str | None
+
+
+RESTART_FAULTS = ("after_output", "during_commit", None)  # points every step reaches
+
+
+@st.composite
+def with_restart(draw, steps: st.SearchStrategy):
+    """Steps (drawn from ``steps``) and a :class:`Restart` at one of them."""
+    drawn = draw(steps)
+    return drawn, Restart(draw(st.integers(0, len(drawn) - 1)), draw(st.sampled_from(RESTART_FAULTS)))
+
+
+def durable_outputs(
+    spark, circuit: Circuit, steps: list[dict[str, Delta]], workers: int, root: str, restart: Restart
+) -> Iterator[dict]:
+    """Each step's outputs as a real pipeline writes them to its output log on Delta."""
+    pipeline = Pipeline(spark, root, circuit, workers=workers)
+    for t, step in enumerate(steps):
+        pipeline.submit(t, inputs_of(spark, circuit, step), [Range("steps", 0, t, t + 1)])
+        if t == restart.step:
+            if restart.fault:
+                with failing_at(restart.fault, t), pytest.raises(InjectedCrash):
+                    pipeline.run(through=t)
+            pipeline = Pipeline(spark, root, circuit, workers=workers)  # recovery: opens the last checkpoint
+        pipeline.run(through=t)
+        yield {name: logged_rows(pipeline, name, t) for name in circuit.outputs}
+
+
+@contextmanager
+def failing_at(point: str, step: int) -> Iterator[None]:
+    """Within the block, reaching ``point`` at ``step`` raises :class:`InjectedCrash`."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DBSP_FAULT", f"{point}:{step}")
+        env.setenv("DBSP_FAULT_MODE", "raise")
+        yield
+
+
+def logged_rows(pipeline: Pipeline, output: str, step: int) -> list[tuple]:
+    """``step``'s rows of ``output`` in the output log: the user's columns, then the weight."""
+    return [
+        (*(v for k, v in row.asDict().items() if k not in (WEIGHT, STEP)), row[WEIGHT])
+        for row in pipeline.outputs.read(output, step, step).collect()
+    ]
 
 
 @st.composite
@@ -77,8 +169,8 @@ def insert_delete_steps(draw, inputs: Mapping[str, st.SearchStrategy], max_steps
     return steps
 
 
-def at_every_worker_count(steps: st.SearchStrategy, max_examples: int = 3):
-    """A property test over random ``steps``, run at 1, 2 and 4 workers.
+def at_every_worker_count(steps: st.SearchStrategy, max_examples: int = 3, workers: tuple[int, ...] = (1, 2, 4)):
+    """A property test over random ``steps``, run at each of ``workers``.
 
     Each example runs a real Spark step per generated step, so examples are few; the
     strategies are built to make each one count (collisions, nulls, deletes of all).
@@ -87,6 +179,6 @@ def at_every_worker_count(steps: st.SearchStrategy, max_examples: int = 3):
     def decorate(test):
         test = given(steps=steps)(test)
         test = settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck))(test)
-        return pytest.mark.parametrize("workers", [1, 2, 4])(test)
+        return pytest.mark.parametrize("workers", workers)(test)
 
     return decorate

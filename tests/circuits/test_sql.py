@@ -10,12 +10,20 @@ import re
 from collections import Counter
 
 import pytest
+from hypothesis import example
 from hypothesis import strategies as st
 
 from circuits.sql import SqlError, compile_sql, parse_views
 
 from ..oracle import zset
-from .harness import at_every_worker_count, insert_delete_steps, run_and_compare
+from .harness import (
+    Restart,
+    at_every_worker_count,
+    insert_delete_steps,
+    run_and_compare,
+    run_and_compare_durably,
+    with_restart,
+)
 
 SCHEMAS = {"a": "k int, v int, s string", "b": "k bigint, x int, d double"}
 
@@ -92,6 +100,16 @@ def spark_batch(spark, views, integrated) -> dict[str, Counter]:
     return results
 
 
+def batch_integrals(spark, text: str = VIEWS):
+    """The oracle: at every step, each view's integral is Spark batch SQL of its text."""
+    views = parse_views(text)
+
+    def expected(t, deltas, integrated):
+        return {name: ("integral", z) for name, z in spark_batch(spark, views, integrated).items()}
+
+    return expected
+
+
 @pytest.fixture(scope="module")
 def circuit(spark):
     """Compiled once: every example runs it on a new state."""
@@ -107,12 +125,34 @@ def test_sql_views_equal_spark_batch_sql(spark, circuit, workers, steps):
 def equals_spark_batch(spark, text: str, circuit, steps, workers: int) -> None:
     """Runs ``circuit``, compiled from ``text``: at every step, the integral of each
     view's outputs equals Spark batch SQL of the view's own text over the integrated inputs."""
-    views = parse_views(text)
+    run_and_compare(spark, circuit, steps, workers, batch_integrals(spark, text))
 
-    def expected(t, deltas, integrated):
-        return {name: ("integral", z) for name, z in spark_batch(spark, views, integrated).items()}
 
-    run_and_compare(spark, circuit, steps, workers, expected)
+@pytest.mark.slow
+@at_every_worker_count(
+    with_restart(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=4)),
+    max_examples=2,
+    workers=(1, 2),
+)
+# Hypothesis's first example is the simplest (one empty step); this one makes each worker
+# count die mid-run on NULLs, duplicates and deletes, and recover.
+@example(
+    steps=(
+        [
+            {"a": [(1, 2, "a", 2), (None, None, None, 1), (2, 3, "b", 1)], "b": [(1, 3, 2.25, 1), (None, 1, None, 1)]},
+            {"a": [(3, 4, None, 1), (1, 2, "a", -1)], "b": [(1, 2, -1.5, 1), (None, 1, None, -1)]},
+            {"a": [(1, 2, "a", -1), (None, None, None, -1), (2, 3, "b", -1), (3, 4, None, -1)], "b": []},
+        ],
+        Restart(1, "after_output"),
+    )
+)
+def test_sql_views_equal_spark_batch_sql_durably_across_a_restart(spark, circuit, tmp_path_factory, workers, steps):
+    """The same property over a real pipeline on Delta: each step's outputs are read back
+    from its output log, and at a random step the pipeline dies (or stops) and a new one
+    on the same root recovers from the last checkpoint and carries on."""
+    steps, restart = steps
+    root = str(tmp_path_factory.mktemp("sql"))
+    run_and_compare_durably(spark, circuit, steps, workers, batch_integrals(spark), root, restart)
 
 
 @pytest.mark.parametrize(
