@@ -447,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     r = commands.add_parser("rescale", help="change the number of workers (the vnode layout)")
     r.add_argument("--workers", type=int, required=True, help="workers (Spark tasks) to spread the state's vnodes over")
     r.add_argument("--strategy", choices=["fixed", "dynamic"], help="default: the current layout's")
-    r.add_argument("--k", type=float, help="the dynamic strategy's maximum inaccuracy (default 0.1)")
+    r.add_argument(
+        "--k", type=float, help="the dynamic strategy's maximum inaccuracy (default: the current layout's, else 0.1)"
+    )
     r.add_argument("--hot", action="store_true", help="copy the moved state first, pausing only to switch")
     r.set_defaults(run=rescale)
 

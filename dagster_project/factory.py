@@ -346,9 +346,11 @@ def evaluate_sensor(
 
 
 class RescaleConfig(Config):
+    """A layout change; a strategy or k left out keeps the current layout's (as ``dbsp rescale``)."""
+
     workers: int
-    strategy: str = "fixed"
-    k: float = 0.1
+    strategy: str | None = None  # "fixed" or "dynamic" (circuits.layouts checks it)
+    k: float | None = None
     hot: bool = True
 
 
