@@ -37,7 +37,7 @@ from dagster_graphql import DagsterGraphQLClient
 from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
 from circuits.spark import stop_connect_server
-from dagster_project.config import DEMO, parse_project
+from dagster_project.config import demo_settings, parse_project
 from dagster_project.demo_producer import produce_events
 from dagster_project.resources import KafkaResource
 from sensors.broker import stop_local_broker
@@ -49,7 +49,12 @@ TIMEOUT = 600.0
 def project(root: str, events: int, broker: int, spark: int) -> dict:
     """The demo pipeline, cutting a step at ``events`` records or 3 s after the first
     (longer than producing a step's events takes)."""
-    spec = {**DEMO["pipelines"][0], "max_records_per_step": events, "max_wait_seconds": 3, "sensor_interval_seconds": 1}
+    spec = {
+        **demo_settings()["pipelines"][0],
+        "max_records_per_step": events,
+        "max_wait_seconds": 3,
+        "sensor_interval_seconds": 1,
+    }
     return {
         "pipelines": [spec],
         "resources": {

@@ -34,7 +34,7 @@ os.makedirs(os.environ["DAGSTER_HOME"])
 from circuits.daemon import free_port  # noqa: E402
 from circuits.spark import round_trips, stop_connect_server  # noqa: E402
 from dagster_project import demo, factory  # noqa: E402
-from dagster_project.config import DEMO, parse_project  # noqa: E402
+from dagster_project.config import demo_settings, parse_project  # noqa: E402
 from dagster_project.console import Progress  # noqa: E402
 from dagster_project.resources import SparkResource  # noqa: E402
 from sensors.broker import stop_local_broker  # noqa: E402
@@ -42,8 +42,8 @@ from storage import inspect  # noqa: E402
 
 PARTS = {
     "checks": (inspect, "check_outputs"),
-    "metadata": (factory, "_step_metadata"),
-    "view_metadata": (factory, "_view_metadata"),
+    "metadata": (factory, "step_metadata"),
+    "view_metadata": (factory, "view_metadata"),
 }
 
 
@@ -71,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     broker, spark = free_port(), free_port()
     resources = {"kafka": {"embedded_port": broker}, "spark": {"embedded_port": spark}}
-    project = parse_project({"pipelines": [DEMO["pipelines"][0]], "resources": resources}, "bench")
+    project = parse_project({"pipelines": [demo_settings()["pipelines"][0]], "resources": resources}, "bench")
     seconds: Counter = Counter()
     timed(seconds)
     rows: dict[str, list[dict]] = {}

@@ -6,10 +6,13 @@ file of SQL views compiled into one), a Kafka topic per input handle, and settin
 embedded Nexmark demo pipeline is served.  Every error names the field and the fix.
 """
 
+from __future__ import annotations
+
 import difflib
 import importlib
 import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -28,17 +31,16 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pyspark import SparkContext
-from pyspark.sql import SparkSession
-from pyspark.sql.utils import is_remote
 
-from circuits.circuit import Circuit
 from circuits.errors import DbspError
-from circuits.library.nexmark_queries import NEXMARK_SQL
-from circuits.sql import SqlError, View, compile_sql, parse_views
+from circuits.sql import SqlError, View, parse_views
 from circuits.sql.parse import check_columns, ddl_columns, ddl_fields, read_tables, views_read
-from circuits.zset import parse_schema
 from gateway.config import GatewaySpec, SourceSpec
+
+if typing.TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from circuits.circuit import Circuit
 
 CONFIG_ENV = "DBSP_CONFIG"
 HOME_ENV = "DBSP_HOME"
@@ -145,8 +147,8 @@ class PipelineSpec(BaseModel):
 
     @field_validator("circuit", "producer")
     @classmethod
-    def _importable(cls, path: str | None) -> str | None:
-        if path is not None:
+    def _importable(cls, path: str | None, info: ValidationInfo) -> str | None:
+        if path is not None and _checks_circuits(info):
             load_object(path)
         return path
 
@@ -170,6 +172,8 @@ class PipelineSpec(BaseModel):
     @field_validator("schemas")
     @classmethod
     def _ddl(cls, schemas: dict[str, str]) -> dict[str, str]:
+        from circuits.zset import parse_schema  # Spark's types: only a pipeline with schemas needs them
+
         for handle, ddl in schemas.items():
             try:
                 parse_schema(ddl)
@@ -184,7 +188,7 @@ class PipelineSpec(BaseModel):
         return schemas
 
     @model_validator(mode="after")
-    def _one_definition(self) -> "PipelineSpec":
+    def _one_definition(self) -> PipelineSpec:
         if (self.circuit is None) == (self.sql is None):
             raise ValueError("circuit, sql: give exactly one: circuit: 'package.module:function', or sql: views.sql")
         if self.sql is not None:
@@ -196,7 +200,7 @@ class PipelineSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _bags_are_sinks(self) -> "PipelineSpec":
+    def _bags_are_sinks(self) -> PipelineSpec:
         if set(self.bags) - set(self.sink_names):
             raise ValueError(
                 f"bags: {sorted(set(self.bags) - set(self.sink_names))} are not sinks; the sinks are {self.sink_names}"
@@ -245,7 +249,9 @@ class PipelineSpec(BaseModel):
         return schemas
 
     @model_validator(mode="after")
-    def _matches_circuit(self) -> "PipelineSpec":
+    def _matches_circuit(self, info: ValidationInfo) -> PipelineSpec:
+        if not _checks_circuits(info):
+            return self  # a reader of the topics alone (dbsp gateway): no circuit built, no Spark loaded
         circuit = _built(self.build_circuit) if self.circuit else self._compiled_if_session()
         if circuit is not None:
             self.check(circuit)
@@ -255,7 +261,7 @@ class PipelineSpec(BaseModel):
         """The SQL compiled now if a Spark session is there (names and types checked); else its
         column names checked without Spark, and the SQL compiled at the run."""
         schemas = self.input_schemas()
-        session = SparkSession.getActiveSession()
+        session = _active_session()
         if session is None:
             try:
                 check_columns(self.sql_views, {h: ddl_columns(ddl) for h, ddl in schemas.items()})
@@ -265,6 +271,8 @@ class PipelineSpec(BaseModel):
         return self._compile(session, schemas)
 
     def _compile(self, session: SparkSession, schemas: dict[str, str]) -> Circuit:
+        from circuits.sql import compile_sql
+
         try:
             return compile_sql(Path(self.sql).read_text(), schemas, session, name=self.name, file=self.sql)
         except SqlError as e:
@@ -275,6 +283,8 @@ class PipelineSpec(BaseModel):
             if session is None:
                 raise ValueError(f"sql: compiling {self.sql} needs a Spark session; open one before the pipeline")
             return self._compile(session, self.input_schemas())
+        from circuits.circuit import Circuit
+
         circuit = load_object(self.circuit)()
         if not isinstance(circuit, Circuit):
             raise ValueError(f"circuit: {self.circuit} returned {type(circuit).__name__}, not a circuits.Circuit")
@@ -312,7 +322,12 @@ class PipelineSpec(BaseModel):
     @property
     def circuit_def(self) -> Circuit:
         """The circuit (needs a running Spark: a ``sql:`` file compiles in this thread's active session)."""
-        return self.circuit_for(SparkSession.getActiveSession())
+        return self.circuit_for(_active_session())
+
+
+def _checks_circuits(info: ValidationInfo) -> bool:
+    """Whether to import and build the circuits (not for a reader of the topics alone)."""
+    return (info.context or {}).get("circuits", True)
 
 
 def _built(build: Callable[[], Circuit]) -> Circuit | None:
@@ -339,7 +354,15 @@ _CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"  # what pyspark's is_remote() reads
 
 def _spark_there() -> bool:
     """Whether Spark columns can be built here: Connect's, or a classic session's JVM."""
+    from pyspark import SparkContext
+    from pyspark.sql.utils import is_remote
+
     return is_remote() or SparkContext._active_spark_context is not None
+
+
+def _active_session() -> SparkSession | None:
+    """This thread's active Spark session; none unless PySpark is loaded (so asking loads no Spark)."""
+    return sys.modules["pyspark.sql"].SparkSession.getActiveSession() if "pyspark.sql" in sys.modules else None
 
 
 class ResourcesSpec(BaseModel):
@@ -372,14 +395,14 @@ class ProjectSpec(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _unique(self) -> "ProjectSpec":
+    def _unique(self) -> ProjectSpec:
         names = [p.name for p in self.pipelines]
         if len(set(names)) != len(names):
             raise ValueError(f"pipelines: names must be unique, got {names}")
         return self
 
     @model_validator(mode="after")
-    def _sources_feed_pipelines(self) -> "ProjectSpec":
+    def _sources_feed_pipelines(self) -> ProjectSpec:
         topics = {t for p in self.pipelines for t in p.sources.values()}
         for i, group in enumerate(self.sources):
             if group.topic not in topics:
@@ -401,39 +424,44 @@ class ProjectSpec(BaseModel):
         return next(p.topic_partitions for p in self.pipelines if topic in p.sources.values())
 
 
-DEMO = {
-    "pipelines": [
-        {
-            "name": "nexmark",
-            "sql": str(NEXMARK_SQL),
-            "sources": {"persons": "nexmark.persons", "auctions": "nexmark.auctions", "bids": "nexmark.bids"},
-            "max_records_per_step": 5_000,
-            "max_wait_seconds": 5,
-            "producer": "circuits.library.nexmark:nexmark_records",
-        }
-    ]
-}
+def demo_settings() -> dict:
+    """The built-in Nexmark demo's settings (its example library loads Spark: only when used)."""
+    from circuits.library.nexmark_queries import NEXMARK_SQL
+
+    return {
+        "pipelines": [
+            {
+                "name": "nexmark",
+                "sql": str(NEXMARK_SQL),
+                "sources": {"persons": "nexmark.persons", "auctions": "nexmark.auctions", "bids": "nexmark.bids"},
+                "max_records_per_step": 5_000,
+                "max_wait_seconds": 5,
+                "producer": "circuits.library.nexmark:nexmark_records",
+            }
+        ]
+    }
 
 
-def load_project(path: str | None = None) -> ProjectSpec:
+def load_project(path: str | None = None, circuits: bool = True) -> ProjectSpec:
     """The project's pipelines from ``path`` (default: ``$DBSP_CONFIG``, then ``./dbsp.yaml``,
-    then the built-in Nexmark demo)."""
+    then the built-in Nexmark demo).  ``circuits=False`` checks no pipeline's circuit
+    against its sources and sinks, for a reader of the topics alone (``dbsp gateway``)."""
     named = path or (f"{CONFIG_ENV}={os.environ[CONFIG_ENV]}" if os.environ.get(CONFIG_ENV) else None)
     path = path or os.environ.get(CONFIG_ENV) or ("dbsp.yaml" if os.path.exists("dbsp.yaml") else None)
     if path is None:
-        return parse_project(DEMO, "the built-in demo configuration")
+        return parse_project(demo_settings(), "the built-in demo configuration", circuits=circuits)
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"{named or path}: cannot read the pipeline configuration: {e}") from e
-    return parse_project(data, path, base=os.path.dirname(os.path.abspath(path)))
+    return parse_project(data, path, base=os.path.dirname(os.path.abspath(path)), circuits=circuits)
 
 
-def parse_project(data: object, source: str, base: str = ".") -> ProjectSpec:
+def parse_project(data: object, source: str, base: str = ".", circuits: bool = True) -> ProjectSpec:
     """The project of ``data``; paths in it (``sql:``) are relative to ``base``."""
     try:
-        project = ProjectSpec.model_validate(data, context={"base": base})
+        project = ProjectSpec.model_validate(data, context={"base": base, "circuits": circuits})
     except ValidationError as e:
         raise ConfigError(f"{source}: {describe_errors(e, ProjectSpec)}") from None
     project._source = source

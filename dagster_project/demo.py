@@ -31,7 +31,7 @@ from .config import PipelineSpec, ProjectSpec, load_object
 from .console import Progress
 from .demo_producer import produce_events
 from .factory import build_definitions
-from .resources import EMBEDDED
+from .kafka import EMBEDDED
 from .status import dead_letters_note
 
 # The engine's phases (the step materialization's ``seconds/<phase>`` metadata), as shown.

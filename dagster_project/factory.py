@@ -31,20 +31,19 @@ from dagster import (
     sensor,
 )
 
-from gateway.control import call, flush_running, require_running
-from gateway.errors import GatewayError
+from gateway.control import call, require_running
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
 from sensors.status import report
-from storage import inspect, views
-from storage.errors import ViewError
-from storage.gateway_figures import figures_of_steps, record_figures, record_unflushed, unflushed_steps
+from storage import inspect
+from storage.gateway_figures import record_figures, record_unflushed
 from storage.lease import Holder
 from storage.logs import DivisionLog, output_uri
 from storage.pipeline import Pipeline, status
 
 from .config import PipelineSpec, ProjectSpec, home, load_object
 from .demo_producer import produce_events
+from .metadata import flush_gateway, step_metadata, view_metadata
 from .resources import KafkaResource, SparkResource, StoreResource, build_resources
 from .status import status_text
 
@@ -165,10 +164,10 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
                 f"{spec.name}: configured for {spec.workers} workers, but its state's layout has {layout.workers}; "
                 f"materialize {spec.name}/layout with workers: {spec.workers} to change it"
             )
-        shared = _step_metadata(pipeline, first, last, ran)
+        shared = step_metadata(pipeline, first, last, ran)
         for name, key in keys.items():
             rows_out = inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)
-            current = _view_metadata(pipeline.root, name) if name in spec.views else {}
+            current = view_metadata(pipeline.root, name) if name in spec.views else {}
             yield MaterializeResult(
                 asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out), **current}
             )
@@ -193,94 +192,6 @@ def _sink_spec(spec: PipelineSpec, name: str, key: AssetKey, keys: dict[str, Ass
     return AssetSpec(
         key, description=description, group_name=spec.name, kinds={"spark", "delta"}, deps=reads, metadata=metadata
     )
-
-
-PREVIEW_ROWS = 10
-
-
-def _view_metadata(root: str, sink: str) -> dict:
-    """The view's row count and its first rows (a markdown table), as of the latest
-    committed step, read by delta-rs from the file statistics and the first file(s)."""
-    try:
-        snapshot = views.read_view(root, sink, limit=PREVIEW_ROWS)
-    except ViewError as e:  # the step's materialization stands; the view's problem is shown
-        return {"view_error": MetadataValue.text(str(e))}
-    return {
-        "view_rows": MetadataValue.int(snapshot.rows),
-        "view_preview": MetadataValue.md(views.markdown(snapshot)),
-        "view_table": MetadataValue.path(views.view_uri(root, sink)),
-    }
-
-
-def _step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dict:
-    rows_state, bytes_state = inspect.size(f"{pipeline.root}/state")
-    offsets = [
-        f"| {step} | {r.source} | {r.partition} | {r.start} | {r.end} |"
-        for step, ranges in pipeline.divisions.all().items()
-        if first <= step <= last
-        for r in ranges
-    ]
-    metadata = {
-        "steps": f"{first}..{last}",
-        "steps_run": MetadataValue.int(len(ran)),
-        "checkpoint_version": MetadataValue.int(pipeline.state.opened_version or 0),
-        "state_rows": MetadataValue.int(rows_state),
-        "state_bytes": MetadataValue.int(bytes_state),
-        "input_offsets": MetadataValue.md(
-            "| step | topic | partition | start | end |\n|---|---|---|---|---|\n" + "\n".join(offsets)
-        ),
-        "dead_letters": MetadataValue.int(inspect.rows_of_steps(pipeline.inputs.dead_letters_uri, first, last)),
-    }
-    for handle in pipeline.circuit.inputs:
-        metadata[f"rows_in/{handle}"] = MetadataValue.int(
-            inspect.rows_of_steps(pipeline.inputs.uri(handle), first, last)
-        )
-    for phase, seconds in pipeline.timings.items():
-        metadata[f"seconds/{phase}"] = MetadataValue.float(round(seconds, 3))
-    unflushed = unflushed_steps(pipeline.root, first, last)
-    if unflushed:
-        metadata["gateway/unflushed_cuts"] = MetadataValue.md(
-            'cut without the gateway\'s flush (see the README, "The source gateway")\n\n| step | why |\n|---|---|\n'
-            + "\n".join(f"| {step} | {reason} |" for step, reason in unflushed.items())
-        )
-    return metadata | _gateway_metadata(figures_of_steps(pipeline.root, first, last))
-
-
-def _flush_gateway(fed: bool) -> tuple[dict | None, str | None]:
-    """The running gateway's figures after its flush, or why it could not flush (None when
-    no gateway runs and ``fed``, whether the pipeline reads a gateway topic, is false).  A
-    gateway that does not answer must not hold up the steps: the step is cut without it."""
-    try:
-        figures = flush_running(home("gateway"))
-    except GatewayError as e:
-        return None, str(e)
-    if figures is None and fed:
-        return None, (
-            f"no gateway runs with its state in {home('gateway')}: start it (dbsp gateway) with the "
-            "same DBSP_HOME as the sensor"
-        )
-    return figures, None
-
-
-def _gateway_metadata(sources: dict | None, shown: int = 20) -> dict:
-    """What the source gateway read for these steps: totals, and the busiest sources."""
-    if not sources:
-        return {}
-    total = {k: sum(f[k] for f in sources.values()) for k in ("bytes", "waits", "errors")}
-    busiest = sorted(sources.items(), key=lambda item: (-item[1]["errors"], -item[1]["bytes"], item[0]))[:shown]
-    table = "\n".join(
-        f"| {name} | {f['status']} | {f['bytes']} | {f['waits']} | {f['errors']} |" for name, f in busiest
-    )
-    return {
-        "gateway/sources": MetadataValue.int(len(sources)),
-        "gateway/bytes": MetadataValue.int(total["bytes"]),
-        "gateway/buffer_waits": MetadataValue.int(total["waits"]),
-        "gateway/errors": MetadataValue.int(total["errors"]),
-        "gateway/by_source": MetadataValue.md(
-            f"{len(busiest)} of {len(sources)} sources (errors first, then bytes)\n\n"
-            "| source | status | bytes | waits for a buffer | errors |\n|---|---|---|---|---|\n" + table
-        ),
-    }
 
 
 def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, step_job, gateway_fed: bool):
@@ -318,7 +229,7 @@ def evaluate_sensor(
         source = kafka.source(spec)
         # Demand-based flush (docs/gateway.md): the gateway hands over its partly filled buffers now,
         # so the step about to be cut holds every record it has read.
-        figures, unflushed = _flush_gateway(gateway_fed)
+        figures, unflushed = flush_gateway(gateway_fed)
         cut = cut_next(DivisionLog(root), source.client(), list(source.topics.values()), policy)
     except SourceError as e:
         return SkipReason(f"{spec.name}: nothing recorded: {e}")
@@ -346,9 +257,11 @@ def evaluate_sensor(
 
 
 class RescaleConfig(Config):
+    """A layout change; a strategy or k left out keeps the current layout's (as ``dbsp rescale``)."""
+
     workers: int
-    strategy: str = "fixed"
-    k: float = 0.1
+    strategy: str | None = None  # "fixed" or "dynamic" (circuits.layouts checks it)
+    k: float | None = None
     hot: bool = True
 
 

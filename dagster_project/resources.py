@@ -9,12 +9,10 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pyspark.sql import SparkSession
 
 from circuits.spark import connect_server, remote_session, session
-from sensors.broker import ensure_local_broker, ensure_topics, local_producer_config
 from sensors.ingest import KafkaSource
 
 from .config import ConfigError, PipelineSpec, ProjectSpec, describe_errors, home
-
-EMBEDDED = "embedded"
+from .kafka import EMBEDDED, KafkaSettings
 
 
 class _Resource(ConfigurableResource):
@@ -79,45 +77,14 @@ class StoreResource(_Resource):
         return f"{self.root or home('pipelines')}/{name}"
 
 
-class KafkaResource(_Resource):
-    """The Kafka cluster the offset sensors watch.  ``embedded`` (the default) starts the
-    bundled broker on ``embedded_port`` if nothing listens there (its records live in
-    memory only: for local runs, not production)."""
-
-    bootstrap_servers: str = Field(EMBEDDED, description="host:port,... of the Kafka cluster, or 'embedded'")
-    embedded_port: int = Field(19092, gt=0, lt=65536, description="port of the embedded broker")
-    security_protocol: str | None = Field(None, description="e.g. SASL_SSL")
-    sasl_mechanism: str | None = Field(None, description="e.g. PLAIN or SCRAM-SHA-512")
-    sasl_username: str | None = Field(None, description="use EnvVar('KAFKA_USERNAME')")
-    sasl_password: str | None = Field(None, description="use EnvVar('KAFKA_PASSWORD')")
-    config: dict[str, str] = Field(
-        default_factory=dict, description="further librdkafka settings of every client, e.g. {compression.type: lz4}"
-    )
-
-    def client_config(self) -> dict:
-        settings = {
-            "security.protocol": self.security_protocol,
-            "sasl.mechanism": self.sasl_mechanism,
-            "sasl.username": self.sasl_username,
-            "sasl.password": self.sasl_password,
-        }
-        embedded = local_producer_config() if self.bootstrap_servers == EMBEDDED else {}
-        return {**embedded, **{k: v for k, v in settings.items() if v is not None}, **self.config}
+class KafkaResource(_Resource, KafkaSettings):
+    """The Kafka cluster the offset sensors watch (:class:`~dagster_project.kafka.KafkaSettings`)."""
 
     def source(self, spec: PipelineSpec) -> KafkaSource:
         """The pipeline's topics on this cluster; the embedded broker is started, and the
         topics created on it, when missing."""
         bootstrap = self.bootstrap({t: spec.topic_partitions for t in spec.sources.values()})
         return KafkaSource(bootstrap, spec.sources, self.client_config())
-
-    def bootstrap(self, topics: dict[str, int]) -> str:
-        """The bootstrap servers, after starting the embedded broker and creating ``topics``
-        (name: partitions) on it when missing; a configured cluster is used as it is."""
-        if self.bootstrap_servers != EMBEDDED:
-            return self.bootstrap_servers
-        bootstrap = ensure_local_broker(self.embedded_port, home("broker"))
-        ensure_topics(bootstrap, topics)
-        return bootstrap
 
 
 def build_resources(project: ProjectSpec) -> dict[str, ConfigurableResource]:

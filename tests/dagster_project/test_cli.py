@@ -365,3 +365,34 @@ def test_dbsp_dev_serves_the_configuration_given_with_config(tmp_path):
             dev.wait(timeout=15)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(dev.pid, signal.SIGKILL)
+
+
+GATEWAY_PATH = """
+import sys
+
+from dagster_project.cli import main
+from dagster_project.config import load_project
+from dagster_project.kafka import kafka_settings
+
+assert main(["--config", sys.argv[1], "gateway", "status"]) == 2  # parsed, dispatched: no gateway runs
+kafka = kafka_settings(load_project(sys.argv[1], circuits=False))  # what a gateway run reads before it starts
+print(kafka.bootstrap_servers, *sorted({m.split(".")[0] for m in sys.modules} & {"pyspark", "dagster"}))
+"""
+
+
+def test_the_gateway_command_loads_neither_dagster_nor_pyspark(tmp_path):
+    config = tmp_path / "dbsp.yaml"
+    pipeline = {"name": "p", "circuit": "circuits.library.nexmark_queries:nexmark_circuit", "sinks": ["q4"]}
+    pipeline["sources"] = {h: f"t.{h}" for h in ("persons", "auctions", "bids")}
+    source = {"kind": "generator", "name": "g", "topic": "t.bids", "count": 1}
+    config.write_text(
+        yaml.safe_dump(
+            {"pipelines": [pipeline], "sources": [source], "resources": {"kafka": {"bootstrap_servers": "k:9092"}}}
+        )
+    )
+    env = minimal_env(tmp_path, PYTHONPATH=str(PROJECT), DBSP_HOME=str(tmp_path / "home"))
+    done = subprocess.run(
+        [sys.executable, "-c", GATEWAY_PATH, str(config)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["k:9092"]  # the settings read, and no pyspark or dagster module among those loaded

@@ -5,7 +5,7 @@ from collections import Counter
 
 from dagster import job, op
 
-from dagster_project.cli import _demo_summary
+from dagster_project.commands import _demo_summary
 from dagster_project.demo import DemoResult, StepReport, _events, step_report
 from storage.errors import InputTimeoutError
 from storage.logs import DivisionLog, Range

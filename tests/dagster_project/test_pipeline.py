@@ -144,6 +144,22 @@ def test_the_rescale_asset_moves_one_share_and_steps_go_on(spark_resource, spark
 
 
 @pytest.mark.slow
+def test_the_rescale_job_keeps_a_dynamic_layout_when_no_strategy_is_given(
+    spark_resource, spark, broker, tmp_path, instance
+):
+    h = Harness(tmp_path, broker.bootstrap, instance, spark=spark_resource, workers=4)
+    h.produce(100)
+    h.tick()
+    assert h.run(0).success
+    job = h.defs.resolve_job_def(f"{h.name}_rescale")
+    for config in ({"workers": 4, "strategy": "dynamic", "k": 0.25}, {"workers": 5}):
+        run_config = {"ops": {f"{h.name}__layout": {"config": config}}}
+        assert job.execute_in_process(instance=instance, run_config=run_config).success
+    layout = Layout.from_json(status(h.root).meta["layout"])
+    assert (layout.workers, layout.k) == (5, 0.25) and layout.shards > 0  # still dynamic, as `dbsp rescale` keeps it
+
+
+@pytest.mark.slow
 def test_recover_by_the_cli_and_by_the_job_runs_the_divided_steps_past_a_dead_runs_lease(
     spark_resource, spark, broker, tmp_path, instance, monkeypatch, capsys
 ):

@@ -1,0 +1,67 @@
+"""The Kafka cluster's settings (``resources.kafka``) with no Dagster: the source gateway's
+process reads them here, the Dagster resource (:class:`~dagster_project.resources.KafkaResource`)
+adds itself on top."""
+
+import os
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sensors.broker import ensure_local_broker, ensure_topics, local_producer_config
+
+from .config import ConfigError, ProjectSpec, describe_errors, home
+
+EMBEDDED = "embedded"
+
+
+class KafkaSettings(BaseModel):
+    """The Kafka cluster.  ``embedded`` (the default) starts the bundled broker on
+    ``embedded_port`` if nothing listens there (its records live in memory only: for local
+    runs, not production)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bootstrap_servers: str = Field(EMBEDDED, description="host:port,... of the Kafka cluster, or 'embedded'")
+    embedded_port: int = Field(19092, gt=0, lt=65536, description="port of the embedded broker")
+    security_protocol: str | None = Field(None, description="e.g. SASL_SSL")
+    sasl_mechanism: str | None = Field(None, description="e.g. PLAIN or SCRAM-SHA-512")
+    sasl_username: str | None = Field(None, description="use EnvVar('KAFKA_USERNAME')")
+    sasl_password: str | None = Field(None, description="use EnvVar('KAFKA_PASSWORD')")
+    config: dict[str, str] = Field(
+        default_factory=dict, description="further librdkafka settings of every client, e.g. {compression.type: lz4}"
+    )
+
+    def client_config(self) -> dict:
+        settings = {
+            "security.protocol": self.security_protocol,
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+        }
+        embedded = local_producer_config() if self.bootstrap_servers == EMBEDDED else {}
+        return {**embedded, **{k: v for k, v in settings.items() if v is not None}, **self.config}
+
+    def bootstrap(self, topics: dict[str, int]) -> str:
+        """The bootstrap servers, after starting the embedded broker and creating ``topics``
+        (name: partitions) on it when missing; a configured cluster is used as it is."""
+        if self.bootstrap_servers != EMBEDDED:
+            return self.bootstrap_servers
+        bootstrap = ensure_local_broker(self.embedded_port, home("broker"))
+        ensure_topics(bootstrap, topics)
+        return bootstrap
+
+
+def kafka_settings(project: ProjectSpec) -> KafkaSettings:
+    """The project's ``resources.kafka``, a value ``{env: NAME}`` read from the environment now."""
+    settings = {name: _value(name, v) for name, v in project.resources.kafka.items()}
+    try:
+        return KafkaSettings(**settings)
+    except ValidationError as e:
+        raise ConfigError(f"{project.source}: {describe_errors(e, KafkaSettings, ('resources', 'kafka'))}") from None
+
+
+def _value(name: str, value):
+    if not (isinstance(value, dict) and set(value) == {"env"}):
+        return value
+    if value["env"] not in os.environ:
+        raise ConfigError(f"resources.kafka.{name}: the environment variable {value['env']} is not set; set it")
+    return os.environ[value["env"]]
