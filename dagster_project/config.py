@@ -36,7 +36,7 @@ from circuits.circuit import Circuit
 from circuits.errors import DbspError
 from circuits.library.nexmark_queries import NEXMARK_SQL
 from circuits.sql import SqlError, View, compile_sql, parse_views
-from circuits.sql.analyses import Analyses
+from circuits.sql.analyses import Analyses, answering
 from circuits.sql.parse import check_columns, ddl_columns, ddl_fields, read_tables, views_read
 from circuits.zset import parse_schema
 from gateway.config import GatewaySpec, SourceSpec
@@ -268,7 +268,7 @@ class PipelineSpec(BaseModel):
     def _compile(self, session: SparkSession, schemas: dict[str, str]) -> Circuit:
         # Each run under `dagster dev` is a new process: Spark's answers from an earlier
         # compile save the run its round trips (see circuits.sql.analyses).
-        analyses = Analyses(home("sql", f"{self.name}.analyses.json"), session.version)
+        analyses = Analyses(home("sql", f"{self.name}.analyses.json"), answering(session))
         try:
             return compile_sql(
                 Path(self.sql).read_text(), schemas, session, name=self.name, file=self.sql, analyses=analyses

@@ -1,13 +1,10 @@
 """A ``sql:`` pipeline compiled again in a new process (each run under ``dagster dev`` is
-one) takes Spark's answers from the compile before it: the same circuit, no round trip to
-Spark; changed SQL is analysed by Spark again."""
-
-import json
+one) takes Spark's answers from the compile before it: the same circuit, no analysis by
+Spark; changed SQL, another Spark version or ANSI mode are analysed by Spark again."""
 
 import pytest
 
 from circuits.spark import round_trips
-from dagster_project.config import home
 
 from .test_sql_pipeline import VIEWS, load, sql_settings
 
@@ -20,6 +17,11 @@ def compiled(tmp_path, spark, text: str = VIEWS):
     return circuit, calls
 
 
+def asked_analyses(calls) -> int:
+    """Round trips that analysed or ran something (reading the settings is a Config call)."""
+    return calls["ExecutePlan"] + calls["AnalyzePlan"]
+
+
 @pytest.fixture
 def dbsp_home(tmp_path, monkeypatch):
     monkeypatch.setenv("DBSP_HOME", str(tmp_path / "home"))
@@ -29,7 +31,7 @@ def test_a_second_compile_of_the_views_asks_spark_nothing(tmp_path, spark, dbsp_
     first, asked = compiled(tmp_path, spark)
     assert asked["AnalyzePlan"] > 0
     again, calls = compiled(tmp_path, spark)
-    assert calls == {}
+    assert not asked_analyses(calls)
     assert again.fingerprint() == first.fingerprint()
 
 
@@ -43,15 +45,26 @@ def test_changed_sql_is_analysed_by_spark_again(tmp_path, spark, dbsp_home, monk
     assert changed.fingerprint() == fresh.fingerprint() != first.fingerprint()
     monkeypatch.setenv("DBSP_HOME", str(tmp_path / "home"))
     again, calls = compiled(tmp_path, spark)  # the first SQL's answers are kept beside the changed SQL's
-    assert calls == {} and again.fingerprint() == first.fingerprint()
+    assert not asked_analyses(calls) and again.fingerprint() == first.fingerprint()
 
 
-def test_answers_of_another_spark_version_are_not_used(tmp_path, spark, dbsp_home):
+def test_answers_of_another_spark_version_are_not_used(tmp_path, spark, dbsp_home, monkeypatch):
     compiled(tmp_path, spark)
-    path = home("sql", "sqlp.analyses.json")
-    kept = json.loads(open(path).read())
-    open(path, "w").write(json.dumps({**kept, "spark": "0.0.1"}))
-    _, calls = compiled(tmp_path, spark)
-    assert calls["AnalyzePlan"] > 0
-    _, calls = compiled(tmp_path, spark)  # the answers of the version that runs replaced them
-    assert calls == {}
+    with monkeypatch.context() as m:
+        m.setattr(type(spark), "version", property(lambda _: "0.0.1"))
+        _, calls = compiled(tmp_path, spark)
+    assert asked_analyses(calls)
+    _, calls = compiled(tmp_path, spark)  # the answers of both versions are kept
+    assert not asked_analyses(calls)
+
+
+def test_answers_given_in_another_ansi_mode_are_not_used(tmp_path, spark, dbsp_home):
+    compiled(tmp_path, spark)
+    spark.conf.set("spark.sql.ansi.enabled", "false")  # '1' + 1 is a double, not a bigint
+    try:
+        _, calls = compiled(tmp_path, spark)
+    finally:
+        spark.conf.unset("spark.sql.ansi.enabled")
+    assert asked_analyses(calls)
+    _, calls = compiled(tmp_path, spark)  # the answers of both modes are kept
+    assert not asked_analyses(calls)
