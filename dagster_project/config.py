@@ -272,9 +272,15 @@ class PipelineSpec(BaseModel):
 
     def _compile(self, session: SparkSession, schemas: dict[str, str]) -> Circuit:
         from circuits.sql import compile_sql
+        from circuits.sql.analyses import Analyses, answering
 
+        # Each run under `dagster dev` is a new process: Spark's answers from an earlier
+        # compile save the run its round trips (see circuits.sql.analyses).
+        analyses = Analyses(home("sql", f"{self.name}.analyses.json"), answering(session))
         try:
-            return compile_sql(Path(self.sql).read_text(), schemas, session, name=self.name, file=self.sql)
+            return compile_sql(
+                Path(self.sql).read_text(), schemas, session, name=self.name, file=self.sql, analyses=analyses
+            )
         except SqlError as e:
             raise ValueError(f"sql: {e}") from None
 

@@ -25,6 +25,7 @@ from sqlglot import exp
 from .. import operators as ops
 from ..circuit import Circuit, Stream
 from ..zset import parse_schema
+from .analyses import Analyses
 from .errors import SqlError
 from .parse import DIALECT, View, parse_views, read_tables
 
@@ -88,18 +89,27 @@ class _Scope:
 
 
 def compile_sql(
-    text: str, schemas: Mapping[str, T.StructType | str], spark: SparkSession, *, name: str = "sql", file: str = "<sql>"
+    text: str,
+    schemas: Mapping[str, T.StructType | str],
+    spark: SparkSession,
+    *,
+    name: str = "sql",
+    file: str = "<sql>",
+    analyses: Analyses | None = None,
 ) -> Circuit:
     """The circuit of a file of views (see :mod:`circuits.sql.parse`): one input per table
     the views read (``schemas``: table name -> schema), one output per materialized view.
     Raises :class:`SqlError` naming the file, line and view of anything that does not load.
-    Spark's analysis leaves the inputs (empty) and the views as temporary views of the
-    ``spark`` session: compile in the session that runs the steps, not one whose temporary
-    views of those names hold data."""
+    Spark's analysis leaves the tables it read (empty, with their schemas) as temporary
+    views of the ``spark`` session: compile in the session that runs the steps, not one
+    whose temporary views of those names hold data.  ``analyses``: Spark's answers kept
+    from an earlier compile (see :mod:`circuits.sql.analyses`), saved with the new ones."""
     views = parse_views(text, file)
-    compiler = _Compiler(Circuit(name), {k.lower(): parse_schema(v) for k, v in schemas.items()}, spark)
+    schemas = {k.lower(): parse_schema(v) for k, v in schemas.items()}
+    compiler = _Compiler(Circuit(name), schemas, spark, analyses or Analyses())
     for view in views:
         compiler.view(view)
+    compiler.analyses.save()
     compiler.circuit.declaring = None
     if not compiler.circuit.outputs:
         raise SqlError(f"{file}: no CREATE MATERIALIZED VIEW; a views file needs at least one")
@@ -107,10 +117,13 @@ def compile_sql(
 
 
 class _Compiler:
-    def __init__(self, circuit: Circuit, schemas: dict[str, T.StructType], spark: SparkSession) -> None:
+    def __init__(
+        self, circuit: Circuit, schemas: dict[str, T.StructType], spark: SparkSession, analyses: Analyses
+    ) -> None:
         self.circuit = circuit
         self.schemas = schemas
         self.spark = spark
+        self.analyses = analyses
         self.inputs: dict[str, Stream] = {}
         self.views: dict[str, Rel] = {}
         self.ctes: list[dict[str, Rel]] = []
@@ -140,24 +153,34 @@ class _Compiler:
             self.circuit.output(view.name, stream)
 
     def _analyse(self, view: View) -> T.StructType:
-        """Spark's schema of the view, over empty tables of the inputs (registered as
-        temporary views of the session): unknown names and type errors surface here."""
-        for table in sorted(read_tables(view.query) - set(self.views) - self._registered):
-            if table in self.schemas:
-                self.spark.createDataFrame([], self.schemas[table]).createOrReplaceTempView(table)
-                self._registered.add(table)
-        try:
-            analysed = self.spark.sql(view.text)
-            schema = analysed.schema
-            analysed.createOrReplaceTempView(view.name)
-        except AnalysisException as e:
-            reason = str(e).strip().splitlines()[0]
-            raise SqlError(f"Spark cannot analyse the query: {reason}") from e
+        """Spark's schema of the view, over empty tables of the inputs' and earlier views'
+        schemas: unknown names and type errors surface here."""
+        tables = {t: self._table_schema(t) for t in sorted(read_tables(view.query))}
+        tables = {t: s for t, s in tables.items() if s is not None}
+        question = ("view", view.text, {t: s.jsonValue() for t, s in tables.items()})
+        schema = self.analyses.answer(question, lambda: self._ask_view(view, tables))
         names = [f.name.lower() for f in schema.fields]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise SqlError(f"the view has several columns named {duplicates}; give them distinct aliases")
         return schema
+
+    def _table_schema(self, table: str) -> T.StructType | None:
+        """The schema of an input or an earlier view (None: a name the query defines)."""
+        view = self.views.get(table)
+        return view.schema() if view is not None else self.schemas.get(table)
+
+    def _ask_view(self, view: View, tables: dict[str, T.StructType]) -> T.StructType:
+        """Spark's analysis of ``view`` over empty temporary views of ``tables``."""
+        for table, schema in tables.items():
+            if table not in self._registered:
+                self.spark.createDataFrame([], schema).createOrReplaceTempView(table)
+                self._registered.add(table)
+        try:
+            return self.spark.sql(view.text).schema
+        except AnalysisException as e:
+            reason = str(e).strip().splitlines()[0]
+            raise SqlError(f"Spark cannot analyse the query: {reason}") from e
 
     # queries
     def query(self, node: exp.Expression, outer: _Scope | None) -> Rel:
@@ -261,9 +284,13 @@ class _Compiler:
     def types_of(self, schema: T.StructType, exprs: dict[str, str]) -> dict[str, T.DataType]:
         """The Spark types of the named expressions over columns of ``schema`` (one
         analysis by Spark, of an empty relation)."""
+
+        def ask() -> T.StructType:
+            return self.spark.createDataFrame([], schema).select(*[F.expr(e).alias(n) for n, e in exprs.items()]).schema
+
         try:
-            analysed = self.spark.createDataFrame([], schema).select(*[F.expr(e).alias(n) for n, e in exprs.items()])
-            return {f.name: f.dataType for f in analysed.schema.fields}
+            analysed = self.analyses.answer(("types", schema.jsonValue(), exprs), ask)
+            return {f.name: f.dataType for f in analysed.fields}
         except AnalysisException as e:
             raise SqlError(f"Spark cannot analyse {list(exprs.values())}: {str(e).strip().splitlines()[0]}") from e
 
