@@ -31,6 +31,7 @@ ROOT = tempfile.mkdtemp(prefix="dbsp-parts-")
 os.environ.update(DBSP_HOME=ROOT, DAGSTER_HOME=os.path.join(ROOT, "dagster"))
 os.makedirs(os.environ["DAGSTER_HOME"])
 
+# E402: the project reads DBSP_HOME and DAGSTER_HOME as its modules load, so they are set first.
 from circuits.daemon import free_port  # noqa: E402
 from circuits.spark import round_trips, stop_connect_server  # noqa: E402
 from dagster_project import demo, factory  # noqa: E402
