@@ -32,11 +32,12 @@ import time
 
 from confluent_kafka import Consumer
 
+from circuits.framing import consumer_config
 from circuits.library.nexmark import nexmark_records
 from sensors.broker import LocalBroker, ensure_topics, local_producer_config
 from sensors.decode import KEYED, READER_CONFIG, _read_range
 from sensors.errors import SourceError
-from sensors.kafka import KafkaClient, consumer_config
+from sensors.kafka import KafkaClient
 
 RECORD = b'{"auction": 1234567, "bidder": 1234567, "price": 4321, "channel": "Facebook", "date_time": 1700000000000}'
 

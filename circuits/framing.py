@@ -3,7 +3,8 @@ writes it) and the step's decoder (:mod:`sensors.decode`, which reads it) share.
 
 A gateway message holds a source's raw bytes, whole newline-delimited records, with the
 source id as key and the bytes' range in header :data:`RANGE_HEADER`; a piece of a record
-longer than the gateway's buffer carries :data:`PARTIAL_HEADER` as well.  No Spark here.
+longer than the gateway's buffer carries :data:`PARTIAL_HEADER` as well.  Both sides' clients
+start from :func:`client_config`.  No Spark here.
 """
 
 from __future__ import annotations
@@ -31,3 +32,20 @@ def gateway_range(message: Message) -> tuple[int, int, bool] | None:
         return None
     start, _, end = headers[RANGE_HEADER].decode().partition("-")
     return int(start), int(end), PARTIAL_HEADER in headers
+
+
+def client_config(bootstrap_servers: str, config: dict | None = None) -> dict:
+    """librdkafka settings for any client: the bootstrap servers, then the user's ``config``."""
+    # librdkafka logs every failed connection attempt to stderr, which floods the logs while
+    # a broker is down; the failure reaches the user as an error of the caller instead.
+    return {"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})}
+
+
+def consumer_config(bootstrap_servers: str, config: dict | None = None) -> dict:
+    """Settings for a consumer that reads explicitly assigned offsets and never commits."""
+    return {
+        **client_config(bootstrap_servers, {"group.id": "dbsp-reader", **(config or {})}),
+        "enable.auto.commit": False,
+        # Offsets that are gone must fail the read, never silently jump to other offsets.
+        "auto.offset.reset": "error",
+    }

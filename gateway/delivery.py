@@ -25,17 +25,10 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from circuits.framing import gateway_range, range_headers
+from circuits.framing import client_config, consumer_config, gateway_range, range_headers
 
 from .errors import GatewayBrokerError
 from .pool import Buffer
-
-
-def kafka_config(bootstrap_servers: str, config: dict | None, settings: dict) -> dict:
-    """librdkafka settings: the bootstrap servers and ``settings``, then the user's ``config``."""
-    # librdkafka logs every failed connection attempt to stderr; the failure reaches the
-    # user as a GatewayBrokerError instead.
-    return {"bootstrap.servers": bootstrap_servers, "log_level": 0, **settings, **(config or {})}
 
 
 @dataclass
@@ -104,7 +97,9 @@ class Delivery:
         # Idempotence: a retried request is neither written twice nor reordered.  The step's
         # reader skips a source's bytes below what it already read, so a later range landing
         # before an earlier one would lose the earlier one.
-        self._producer = Producer(kafka_config(bootstrap_servers, config, {"linger.ms": 0, "enable.idempotence": True}))
+        self._producer = Producer(
+            client_config(bootstrap_servers, {"linger.ms": 0, "enable.idempotence": True, **(config or {})})
+        )
         self._release = release
         self._on_failure = on_failure
         self._sources: dict[str, _Source] = {}
@@ -305,11 +300,7 @@ def acknowledged_since(
     the gateway died before its first commit, or the partition is new) is read from its
     earliest offset."""
     found: dict[tuple[str, str], dict[int, int]] = {}
-    consumer = Consumer(
-        # Reads explicitly assigned offsets and never commits; offsets that are gone fail the read.
-        kafka_config(bootstrap_servers, config, {"group.id": "dbsp-gateway"})
-        | {"enable.auto.commit": False, "auto.offset.reset": "error"}
-    )
+    consumer = Consumer(consumer_config(bootstrap_servers, {"group.id": "dbsp-gateway", **(config or {})}))
     try:
         for topic, partition in _partitions(consumer, bootstrap_servers, set(topics), timeout) | read_back.keys():
             low, high = _broker(

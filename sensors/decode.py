@@ -45,14 +45,14 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from circuits.errors import raised_on_executor
-from circuits.framing import gateway_range
+from circuits.framing import consumer_config, gateway_range
 from circuits.klogs import RECORD_SCHEMA
 from circuits.spark import map_in_arrow
 from circuits.zset import WEIGHT, parse_schema
 from storage.logs import DEAD_LETTER_SCHEMA, Range
 
 from .errors import BrokerStalledError, BrokerUnavailableError, OffsetsLostError, SourceError, UnsupportedSchemaError
-from .kafka import consumer_config, error_text, unreachable
+from .kafka import error_text, unreachable
 
 CHUNK = 50_000
 """Most offsets one Spark task reads, so that a large step's read runs as several tasks."""

@@ -15,24 +15,9 @@ from functools import cached_property
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from circuits.framing import client_config
+
 from .errors import BrokerStalledError, BrokerUnavailableError, SourceError, TopicNotFoundError
-
-
-def client_config(bootstrap_servers: str, config: dict | None = None) -> dict:
-    """librdkafka settings for any client: the bootstrap servers, then the user's ``config``."""
-    # librdkafka logs every failed connection attempt to stderr, which floods Dagster's logs
-    # while a broker is down; the failure reaches the user as an error from this module instead.
-    return {"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})}
-
-
-def consumer_config(bootstrap_servers: str, config: dict | None = None) -> dict:
-    """Settings for a consumer that reads explicitly assigned offsets and never commits."""
-    return {
-        **client_config(bootstrap_servers, {"group.id": "dbsp-reader", **(config or {})}),
-        "enable.auto.commit": False,
-        # Offsets that are gone must fail the read, never silently jump to other offsets.
-        "auto.offset.reset": "error",
-    }
 
 
 def error_text(error: KafkaException) -> str:

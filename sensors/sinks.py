@@ -13,11 +13,12 @@ import json
 
 from confluent_kafka import Consumer, TopicPartition
 
+from circuits.framing import consumer_config
 from storage.faults import failpoint
 from storage.sinks import Message, TokenStore
 
 from .errors import SourceError
-from .kafka import KafkaClient, consumer_config
+from .kafka import KafkaClient
 
 TOKEN_HEADER = "dbsp-token"
 

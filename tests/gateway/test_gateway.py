@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from circuits.daemon import free_port
-from circuits.framing import gateway_range
+from circuits.framing import consumer_config, gateway_range
 from gateway.config import FilesSpec, GatewaySpec, TcpSpec
 from gateway.control import call, running_url
 from gateway.delivery import acknowledged_since
@@ -20,7 +20,7 @@ from gateway.errors import GatewayBrokerError
 from gateway.gateway import Gateway
 from sensors.broker import ensure_topics, local_producer_config
 from sensors.decode import read_ranges
-from sensors.kafka import KafkaClient, consumer_config
+from sensors.kafka import KafkaClient
 from storage.cursors import CursorStore
 from storage.logs import Range
 

@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from circuits import Circuit
+from circuits.framing import consumer_config
 from circuits.layouts import initial, rescale
 from dagster_project import cli
 from dagster_project.config import HOME_ENV
@@ -28,7 +29,7 @@ from gateway.gateway import Gateway
 from gateway.icadd import Placement
 from sensors.broker import ensure_topics, local_producer_config
 from sensors.ingest import KafkaSource
-from sensors.kafka import KafkaClient, consumer_config
+from sensors.kafka import KafkaClient
 from storage.cursors import CursorStore
 from storage.inspect import rows_of_steps
 from storage.logs import Range

@@ -9,9 +9,9 @@ from collections import defaultdict
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from circuits.framing import consumer_config
 from circuits.klogs import deploy
 from sensors.broker import local_producer_config
-from sensors.kafka import consumer_config
 from sensors.sinks import TOKEN_HEADER, KafkaSink
 from storage.faults import InjectedCrash
 from storage.sinks import Message, StaleEpochError, TokenStore
