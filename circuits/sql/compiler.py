@@ -571,6 +571,8 @@ class _Compiler:
             kind, argument = _aggregate_kind(call)
             column = None if argument is None else arguments[self.resolve(argument, scope)]
             values[text] = self.aggregate_value(out, ops.Agg(kind, column), types, aggs)
+        if not aggs:  # GROUP BY without aggregates: a count keeps each group while it has rows
+            aggs[self.fresh()] = ops.Agg("count", None)
         stream = rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()])
         stream = stream.group_by(*list(projected)[: len(keys) or 1]).agg(**aggs)
         types.update({out: _aggregate_type(a, types) for out, a in aggs.items()})
