@@ -5,7 +5,9 @@ inserts and deletes, with NULLs and duplicates."""
 
 from __future__ import annotations
 
-from circuits.sql import compile_sql
+import pytest
+
+from circuits.sql import SqlError, compile_sql
 
 from .test_sql import SCHEMAS, equals_spark_batch
 
@@ -25,3 +27,18 @@ def test_group_by_without_aggregates(spark):
     CREATE MATERIALIZED VIEW pairs AS SELECT k, d FROM b GROUP BY k, d;
     """
     equals_spark_batch(spark, views, compile_sql(views, SCHEMAS, spark), STEPS, 2)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        # count.sql: the count bug, through a subquery in FROM
+        "SELECT k, (SELECT sum(n) FROM (SELECT count(*) AS n FROM b WHERE b.k = a.k) t) AS total FROM a",
+        # scalar-subquery-predicate.sql: set operations in the correlation path
+        "SELECT k FROM a WHERE v < (SELECT sum(x) FROM (SELECT x FROM b WHERE b.k = a.k UNION ALL SELECT x FROM b) t)",
+    ],
+)
+def test_a_subquery_in_from_reading_an_enclosing_query_is_refused(spark, query):
+    """A lateral join: refused at compile time, naming the column, not failed at a step."""
+    with pytest.raises(SqlError, match=r"a subquery in FROM reads a\.k of an enclosing query \(a lateral join\)"):
+        compile_sql(f"CREATE MATERIALIZED VIEW v AS {query};", SCHEMAS, spark)
