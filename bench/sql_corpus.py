@@ -12,8 +12,10 @@ Each query ends in one of five outcomes:
 - ``mismatch``: compiled, but differs at some step (a compiler bug: the query, the step
   and the rows missing and extra are printed);
 - ``refused``: Spark analyses the query, but the compiler refuses it (its ``SqlError``);
-- ``not Spark SQL``: Spark itself rejects the query (another dialect's construct);
-- ``error``: compiled, but a step failed (a compiler bug too: it should have been refused).
+- ``not Spark SQL``: Spark itself rejects the query (another dialect's construct), or
+  fails it on the data (a step failed, and so does Spark batch SQL of the same text);
+- ``error``: compiled, but a step failed where Spark batch SQL does not (a compiler bug too:
+  it should have been refused).
 
 The query files are third-party and are not in this repository; name them on the command
 line (both are plain files in public repositories):
@@ -404,26 +406,32 @@ class Runner:
         self.schemas = {name: parse_schema(s) for name, s in schemas.items()}
         self.workers = workers
 
-    def spark_rejects(self, query: Query) -> str | None:
-        """Spark's own analysis of the query's views over empty tables: its error, if any."""
-        try:
-            self.batch(query, {})
-        except PySparkException as e:
-            return _reason(e)
+    def spark_fails(self, query: Query, steps: list[dict[str, list[tuple]]] = ()) -> str | None:
+        """Spark batch SQL's own error on the query, if any: over empty tables (its
+        analysis), then over the integrated inputs after each of ``steps``."""
+        integrated = {name: Counter() for name in self.schemas}
+        for step in [{}, *steps]:
+            for name, rows in step.items():
+                _add(integrated[name], rows)
+            try:
+                self.batch(query, integrated)
+            except PySparkException as e:
+                return _reason(e)
         return None
 
     def outcome(self, query: Query, steps: list[dict[str, list[tuple]]]) -> tuple[str, str]:
         try:
             circuit = compile_sql(query.views, self.schemas, self.spark, file=query.name)
         except SqlError as e:
-            rejected = self.spark_rejects(query)
+            rejected = self.spark_fails(query)
             return ("not Spark SQL", rejected) if rejected else ("refused", _reason(e))
         except (PySparkException, DbspError) as e:  # what the compiler cannot build, it should refuse
             return "error", f"compiling: {type(e).__name__}: {_reason(e)}"
         try:
             return self.run(query, circuit, steps)
         except (PySparkException, DbspError) as e:
-            return "error", f"{type(e).__name__}: {_reason(e)}"
+            failed = self.spark_fails(query, steps)  # Spark batch SQL fails the same data too
+            return ("not Spark SQL", failed) if failed else ("error", f"{type(e).__name__}: {_reason(e)}")
 
     def run(self, query: Query, circuit, steps: list[dict[str, list[tuple]]]) -> tuple[str, str]:
         """``match`` (with the rows of the view at each step), or ``mismatch`` and where."""
