@@ -84,7 +84,9 @@ is written sorted by the trace's lookup keys and cut into files of this many row
 holds them, not one file per worker whose bounds span every key.  At 10M events of the
 demo's state, q15's values traces (a day's bidders and auctions) are 37 MB, a step's keys
 one day of about twelve: cut, the step reads that day's files.  Small enough that a day
-spans a few files, large enough that a trace of 10M rows stays about 40 files."""
+spans a few files, large enough that a trace of 10M rows stays about 40 files.  Compaction
+and a relayout cut the files they rewrite the same way when this store has seen the
+trace's lookups (a step ran); else they write a file per unit."""
 
 
 class DeltaStateStore(StateStore):
@@ -310,7 +312,7 @@ class DeltaStateStore(StateStore):
             name: (self._uri(name), _by_owner(consolidate(df), layout)) for name, df in traces.items() if df is not None
         }
         before = {name: paths(self._pinned(name)) for name in parts}
-        written = write_tables(parts) if parts else {}
+        written = write_tables(parts, self._orders, CLUSTER_ROWS) if parts else {}
         for name, files in written.items():
             self._commit(name, files, "compact", self._version + 1, before[name])
         return {name: (len(before[name]), len(files.actions)) for name, files in written.items()}
@@ -333,7 +335,8 @@ class DeltaStateStore(StateStore):
             files = [f"{table.table_uri.rstrip('/')}/{a['path']}" for a in hit]
             data = read_files(self.spark, self._uri(name), table_schema(table), files, version)
             parts[name] = (self._uri(name), _by_owner(data, layout))
-        return Relayout(layout, dict(self._tables), write_tables(parts) if parts else {}, removed, rows, nbytes)
+        written = write_tables(parts, self._orders, CLUSTER_ROWS) if parts else {}
+        return Relayout(layout, dict(self._tables), written, removed, rows, nbytes)
 
     def apply_relayout(self, *changes: Relayout) -> None:
         """Commits relayouts (a hot change's copy and catch-up together): per table, the new
