@@ -88,6 +88,16 @@ class _Scope:
         return all(self.find(c) is not None for c in _columns(expression))
 
 
+def _found(column: exp.Column, scope: _Scope | None) -> Col | None:
+    """``column`` in ``scope``, else in the nearest scope enclosing it that has it."""
+    while scope is not None:
+        found = scope.find(column)
+        if found is not None:
+            return found
+        scope = scope.outer
+    return None
+
+
 def compile_sql(
     text: str,
     schemas: Mapping[str, T.StructType | str],
@@ -311,7 +321,7 @@ class _Compiler:
             base = self.table(node.name.lower())
             qualifier = node.alias_or_name
         elif isinstance(node, exp.Subquery):
-            base = self.query(node.this, outer)
+            base = self.derived(node.this, outer)
             qualifier = node.alias or None
         else:
             raise SqlError(f"not supported in FROM: {node.sql(DIALECT)[:60]}", node=node)
@@ -319,6 +329,21 @@ class _Compiler:
         cols = [Col(qualifier, c.name, self.fresh()) for c in base.cols]
         stream = base.stream.select(*[F.col(b.internal).alias(c.internal) for b, c in zip(base.cols, cols)])
         return Rel(stream, cols, {c.internal: base.types[b.internal] for b, c in zip(base.cols, cols)})
+
+    def derived(self, query: exp.Expression, outer: _Scope | None) -> Rel:
+        """A subquery in FROM.  It reads its own tables only: one that reads a column of an
+        enclosing query is a lateral join, whose correlation no operator here keeps."""
+        try:
+            return self.query(query, None)
+        except SqlError as e:
+            column = e.node if isinstance(e.node, exp.Column) else None
+            if column is None or _found(column, outer) is None:
+                raise
+            raise SqlError(
+                f"a subquery in FROM reads {column.sql(DIALECT)} of an enclosing query (a lateral join): "
+                "not supported; correlate the enclosing subquery itself, in its WHERE",
+                node=column,
+            ) from e
 
     def table(self, name: str) -> Rel:
         for ctes in reversed(self.ctes):
@@ -571,6 +596,8 @@ class _Compiler:
             kind, argument = _aggregate_kind(call)
             column = None if argument is None else arguments[self.resolve(argument, scope)]
             values[text] = self.aggregate_value(out, ops.Agg(kind, column), types, aggs)
+        if not aggs:  # GROUP BY without aggregates: a count keeps each group while it has rows
+            aggs[self.fresh()] = ops.Agg("count", None)
         stream = rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()])
         stream = stream.group_by(*list(projected)[: len(keys) or 1]).agg(**aggs)
         types.update({out: _aggregate_type(a, types) for out, a in aggs.items()})
@@ -617,12 +644,9 @@ class _Compiler:
                 return exp.paren(exp.maybe_parse(scope.scalars[n.sql(DIALECT)], dialect=DIALECT), copy=False)
             if not isinstance(n, exp.Column) or isinstance(n.this, exp.Star):
                 return n
-            s: _Scope | None = scope
-            while s is not None:
-                found = s.find(n)
-                if found is not None:
-                    return exp.column(found.internal)
-                s = s.outer
+            found = _found(n, scope)
+            if found is not None:
+                return exp.column(found.internal)
             alias = scope.aliases.get(n.name.lower()) if not n.table else None
             if alias is not None:
                 return exp.maybe_parse(self.resolve(alias, scope), dialect=DIALECT)
