@@ -25,12 +25,24 @@ line (both are plain files in public repositories):
   benchmark's repository (``nexmark/nexmark``, Apache-2.0; Flink SQL): each ``qN.sql``'s
   ``INSERT INTO sink SELECT ...`` becomes the materialized view ``sink`` and its
   ``CREATE VIEW``s temporary views; ``CREATE TABLE`` (sink DDL) is dropped.
+- ``--spark-tests PATH...``: files (or folders of them) of Spark's own SQL tests,
+  ``sql/core/src/test/resources/sql-tests/inputs/`` in ``apache/spark`` (Apache-2.0). A
+  file defines its inputs (``CREATE [OR REPLACE] [TEMPORARY] VIEW t AS [SELECT * FROM]
+  VALUES ...``, or ``CREATE TABLE t (...) USING ...`` and ``INSERT INTO t VALUES ...``;
+  Spark evaluates the values and gives their types) and queries them. Each query is a
+  view over the inputs as defined at that point of the file, fed the inputs' own rows:
+  split over the steps in a random order, each step but the last deleting about a third
+  of the rows present and the next inserting them again (so the last step holds the
+  file's tables whole). The other statements are counted as ``not a view``, by kind:
+  input definitions, ``SET``, DDL, other commands, queries that read none of the
+  file's inputs, non-deterministic queries (the compiler's refusal).
 
 A top-level ``ORDER BY`` without ``LIMIT`` is dropped (a view is a set; the order is only
 presentation) and counted; ``ORDER BY ... LIMIT`` stays and is refused. Nothing else is
 rewritten: Flink-only constructs (window TVFs, ``PROCTIME()``) are reported as they are.
 
     python bench/sql_corpus.py --tpch tpc-h.sql --nexmark queries/ --steps 3
+    python bench/sql_corpus.py --spark-tests inputs/group-by.sql inputs/subquery/in-subquery
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import decimal
+import logging
 import os
 import random
 import re
@@ -48,6 +61,8 @@ from pathlib import Path
 
 import sqlglot
 from pyspark.errors import PySparkException
+from pyspark.logger import PySparkLogger
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from sqlglot import exp
 
@@ -57,7 +72,7 @@ from circuits import InMemoryStateStore, StepRunner, from_rows
 from circuits.errors import DbspError
 from circuits.spark import local_session
 from circuits.sql import SqlError, compile_sql
-from circuits.sql.parse import DIALECT
+from circuits.sql.parse import DIALECT, read_tables
 from circuits.sql.parse import _statements as split_statements
 from circuits.zset import parse_schema
 
@@ -91,11 +106,21 @@ NEXMARK = {
 
 
 @dataclass
+class Tables:
+    """Input tables and their rows (names in lower case, as the compiler keys its inputs)."""
+
+    schemas: dict[str, T.StructType]
+    rows: dict[str, list[tuple]]
+
+
+@dataclass
 class Query:
     name: str
     views: str
     """A views file: the query as ``CREATE MATERIALIZED VIEW``, after any temporary views."""
     order_dropped: bool = False
+    tables: Tables | None = None
+    """The query's own inputs (a Spark test file's), else the corpus's generated ones."""
 
 
 def _statements(text: str) -> list[str]:
@@ -147,6 +172,99 @@ def _nexmark_query(path: Path) -> Query:
             ).groups()
             query = _materialized(sink, select)
     return Query(query.name, "\n".join([*temporary, query.views]), query.order_dropped)
+
+
+_VIEW = re.compile(
+    r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?VIEW\s+(\w+)\s*(?:\(([^)]*)\))?\s+AS\s+(.*)",
+    re.DOTALL | re.IGNORECASE,
+)
+_TABLE = re.compile(r"CREATE\s+TABLE\s+(\w+)\s*\((.*)\)\s*USING\s+\w+\s*$", re.DOTALL | re.IGNORECASE)
+_INSERT = re.compile(r"INSERT\s+INTO\s+(?:TABLE\s+)?(\w+)\s+(VALUES\b.*)$", re.DOTALL | re.IGNORECASE)
+_QUERY = re.compile(r"(SELECT|WITH|FROM|VALUES|TABLE)\b|\(", re.IGNORECASE)
+_COMMANDS = {
+    "SET": "SET",
+    "RESET": "SET",
+    **dict.fromkeys(["CREATE", "DROP", "ALTER", "TRUNCATE", "INSERT"], "DDL"),
+}
+
+
+class SparkTestFile:
+    """One of Spark's SQL test files, read statement by statement: its inputs as defined so
+    far (Spark evaluates their values), its queries over them, and what else it holds."""
+
+    def __init__(self, spark, path: Path, name: str) -> None:
+        self.spark, self.name = spark, name
+        self.tables = Tables({}, {})
+        self.queries: list[Query] = []
+        self.not_views: Counter = Counter()
+        for number, statement in enumerate(_statements(path.read_text()), 1):
+            self.read(number, statement)
+
+    def read(self, number: int, statement: str) -> None:
+        kind = self.kind(number, statement)
+        if kind is not None:
+            self.not_views[kind] += 1
+
+    def kind(self, number: int, statement: str) -> str | None:
+        """What ``statement`` is, if not a view (None: taken as a query)."""
+        try:
+            defined = self.input_defined(statement)
+        except PySparkException:
+            return "an input Spark rejects"
+        if defined:
+            return defined
+        if _QUERY.match(statement):
+            return self.query(number, statement)
+        head = statement.split(None, 1)[0].upper()
+        return _COMMANDS.get(head, f"command ({head})")
+
+    def input_defined(self, statement: str) -> str | None:
+        """Takes the input ``statement`` defines, and says so; None if it defines none."""
+        view, table, insert = (r.match(statement) for r in (_VIEW, _TABLE, _INSERT))
+        if view and _reads(view.group(3)):
+            return "a view of the inputs (not followed)"
+        if view:
+            frame = self.spark.sql(view.group(3))
+            columns = view.group(2)
+            self.set(view.group(1), frame.toDF(*[c.strip() for c in columns.split(",")]) if columns else frame)
+        elif table:
+            self.set(table.group(1), self.spark.createDataFrame([], table.group(2)))
+        elif insert and insert.group(1).lower() in self.tables.schemas:
+            schema = self.tables.schemas[insert.group(1).lower()]
+            values = self.spark.sql(f"SELECT * FROM {insert.group(2)}")
+            typed = values.select(*[F.col(c).cast(f.dataType) for c, f in zip(values.columns, schema.fields)])
+            self.tables.rows[insert.group(1).lower()] += [tuple(r) for r in typed.collect()]
+        else:
+            return None
+        return "defines an input"
+
+    def set(self, name: str, frame) -> None:
+        self.tables = Tables(
+            {**self.tables.schemas, name.lower(): frame.schema},
+            {**self.tables.rows, name.lower(): [tuple(r) for r in frame.collect()]},
+        )
+
+    def query(self, number: int, statement: str) -> str | None:
+        """Takes ``statement`` as a query (None), or says why it is not a view."""
+        read = _reads(statement)
+        if read is not None and not read & set(self.tables.schemas):
+            return "reads none of the file's inputs"
+        query = _materialized(f"{self.name}_{number}", statement)
+        self.queries.append(Query(query.name, query.views, query.order_dropped, self.tables))
+        return None
+
+
+def _reads(query: str) -> set[str] | None:
+    """The tables ``query`` reads (lower case), or None if sqlglot cannot parse it."""
+    try:
+        return read_tables(sqlglot.parse_one(query, read=DIALECT))
+    except sqlglot.errors.ParseError:
+        return None
+
+
+def spark_test_files(paths: list[Path]) -> list[Path]:
+    """The ``.sql`` files named, those of a folder named in name order."""
+    return [f for p in paths for f in (sorted(p.rglob("*.sql")) if p.is_dir() else [p])]
 
 
 class Rows:
@@ -240,6 +358,24 @@ def steps_of(rows: Rows, schemas: dict[str, T.StructType], count: int, size: int
     return steps
 
 
+def file_steps(pick: random.Random, rows: dict[str, list[tuple]], count: int) -> list[dict[str, list[tuple]]]:
+    """``count`` steps that insert each table's ``rows`` in a random order, split over the
+    steps; each step but the last deletes about a third of the rows present, and the next
+    step inserts them again, so the last step's integral is ``rows`` whole."""
+    steps: list[dict[str, list[tuple]]] = [{} for _ in range(count)]
+    for name, table in rows.items():
+        table = pick.sample(table, len(table))
+        present, deleted = [], []
+        for t, step in enumerate(steps):
+            inserts = table[t * len(table) // count : (t + 1) * len(table) // count] + deleted
+            deleted = pick.sample(present, len(present) // 3) if t < count - 1 else []
+            for row in deleted:
+                present.remove(row)
+            present += inserts
+            step[name] = [(*r, 1) for r in inserts] + [(*r, -1) for r in deleted]
+    return steps
+
+
 def _views(text: str) -> list[tuple[str, bool, str]]:
     """Each view of a corpus query's views file (name, materialized, query text), in file
     order, read without the compiler's parser: the oracle runs whatever Spark accepts."""
@@ -282,6 +418,8 @@ class Runner:
         except SqlError as e:
             rejected = self.spark_rejects(query)
             return ("not Spark SQL", rejected) if rejected else ("refused", _reason(e))
+        except (PySparkException, DbspError) as e:  # what the compiler cannot build, it should refuse
+            return "error", f"compiling: {type(e).__name__}: {_reason(e)}"
         try:
             return self.run(query, circuit, steps)
         except (PySparkException, DbspError) as e:
@@ -325,17 +463,49 @@ class Runner:
 def run_corpus(spark, title: str, corpus: list[Query], schemas: dict[str, str], args) -> Counter:
     """Runs the queries of ``corpus`` that ``--only`` names (all by default) over data drawn
     from the whole corpus's literals, so a query sees the same data either way."""
-    queries = [q for q in corpus if not args.only or q.name in args.only]
+    queries = _selected(corpus, args)
     runner = Runner(spark, schemas, args.workers)
     rows = Rows(args.seed, corpus)
     steps = steps_of(rows, runner.schemas, args.steps, args.rows)
     print(
         f"== {title}: {len(queries)} queries, {args.steps} steps of {args.rows} (+{args.rows // 5} repeated) rows a table"
     )
+    return run_queries(queries, lambda _: (runner, steps))
+
+
+def _selected(corpus: list[Query], args) -> list[Query]:
+    return [q for q in corpus if not args.only or q.name in args.only]
+
+
+def run_spark_tests(spark, paths: list[Path], args) -> Counter:
+    """Each of Spark's SQL test files: its queries run over its own inputs' rows, and its
+    other statements counted as not a view, by kind."""
+    total: Counter = Counter()
+    for path in spark_test_files(paths):
+        read = SparkTestFile(spark, path, re.sub(r"\W", "_", path.stem))
+        print(f"== {path}: {sum(read.not_views.values()) + len(read.queries)} statements, {args.steps} steps")
+
+        def setup(query: Query) -> tuple[Runner, list]:
+            rows = {name: query.tables.rows[name] for name in query.tables.schemas}
+            return Runner(spark, query.tables.schemas, args.workers), file_steps(
+                random.Random(args.seed), rows, args.steps
+            )
+
+        counts = run_queries(_selected(read.queries, args), setup)
+        counts.update({("not a view", kind): n for kind, n in read.not_views.items()})
+        summary(counts, reasons=False)
+        total += counts
+    return total
+
+
+def run_queries(queries: list[Query], setup) -> Counter:
+    """Each query's outcome, printed and counted (by reason when not a match); ``setup``
+    gives a query its runner and steps."""
     counts: Counter = Counter()
     for query in queries:
-        kind, detail = runner.outcome(query, steps)
-        counts[(kind, detail if kind in ("refused", "not Spark SQL", "error") else "")] += 1
+        runner, steps = setup(query)
+        kind, detail = _kind(*runner.outcome(query, steps))
+        counts[(kind, "" if kind in ("match", "mismatch") else detail)] += 1
         dropped = " (ORDER BY dropped)" if query.order_dropped else ""
         print(f"  {query.name:<14} {kind}{dropped}{': ' + detail if detail else ''}", flush=True)
         if kind == "mismatch":
@@ -344,13 +514,22 @@ def run_corpus(spark, title: str, corpus: list[Query], schemas: dict[str, str], 
     return counts
 
 
-def summary(counts: Counter) -> None:
+def _kind(kind: str, detail: str) -> tuple[str, str]:
+    """A refusal for non-determinism is not a view (its value would differ between a step and its replay)."""
+    return (
+        ("not a view", "non-deterministic") if kind == "refused" and "non-deterministic" in detail else (kind, detail)
+    )
+
+
+def summary(counts: Counter, reasons: bool = True) -> None:
     by_kind = Counter()
     for (kind, _), n in counts.items():
         by_kind[kind] += n
-    print("  -- " + ", ".join(f"{kind} {n}" for kind, n in sorted(by_kind.items())))
+    print(
+        f"  -- statements {sum(by_kind.values())}: " + ", ".join(f"{kind} {n}" for kind, n in sorted(by_kind.items()))
+    )
     for (kind, reason), n in sorted(counts.items(), key=lambda kv: (kv[0][0], -kv[1])):
-        if reason:
+        if reason and reasons:
             print(f"     {n:>3} {kind}: {reason}")
 
 
@@ -359,6 +538,12 @@ def main() -> None:
     parser.add_argument("--tpch", type=Path, help="sqlglot's tests/fixtures/optimizer/tpc-h/tpc-h.sql")
     parser.add_argument(
         "--nexmark", type=Path, help="the Nexmark repository's nexmark-flink/src/main/resources/queries"
+    )
+    parser.add_argument(
+        "--spark-tests",
+        type=Path,
+        nargs="*",
+        help="files or folders of apache/spark's sql/core/src/test/resources/sql-tests/inputs",
     )
     parser.add_argument("--only", nargs="*", help="run only these query names (e.g. tpch_q3 nexmark_q4)")
     parser.add_argument("--steps", type=int, default=3)
@@ -371,13 +556,19 @@ def main() -> None:
         corpora.append(("TPC-H", tpch_queries(args.tpch), TPCH))
     if args.nexmark:
         corpora.append(("Nexmark (Flink SQL)", nexmark_queries(args.nexmark), NEXMARK))
-    if not corpora:
+    if not corpora and not args.spark_tests:
         parser.error(
-            "name a corpus: --tpch FILE and/or --nexmark DIR (see the module's docstring for where to get them)"
+            "name a corpus: --tpch FILE, --nexmark DIR and/or --spark-tests PATH... "
+            "(see the module's docstring for where to get them)"
         )
+    # Spark's own tests include queries Spark rejects: their errors are counted, not logged
+    PySparkLogger.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     spark = local_session(2)
     for title, queries, schemas in corpora:
         summary(run_corpus(spark, title, queries, schemas, args))
+    if args.spark_tests:
+        print("== Spark's SQL tests, in total")
+        summary(run_spark_tests(spark, args.spark_tests, args))
 
 
 if __name__ == "__main__":

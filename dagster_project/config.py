@@ -255,6 +255,8 @@ class PipelineSpec(BaseModel):
         circuit = _built(self.build_circuit) if self.circuit else self._compiled_if_session()
         if circuit is not None:
             self.check(circuit)
+        if self.sql:  # compiled in the session the run uses (or None): the run compiles it no second time
+            self._circuit = circuit
         return self
 
     def _compiled_if_session(self) -> Circuit | None:

@@ -4,6 +4,7 @@ Spark; changed SQL, another Spark version or ANSI mode are analysed by Spark aga
 
 import pytest
 
+import circuits.sql
 from circuits.spark import round_trips
 
 from .test_sql_pipeline import VIEWS, load, sql_settings
@@ -68,3 +69,18 @@ def test_answers_given_in_another_ansi_mode_are_not_used(tmp_path, spark, dbsp_h
     assert asked_analyses(calls)
     _, calls = compiled(tmp_path, spark)  # the answers of both modes are kept
     assert not asked_analyses(calls)
+
+
+def test_a_load_in_a_session_compiles_the_views_once(tmp_path, spark, dbsp_home, monkeypatch):
+    """The load checks the views by compiling them in the active session; the run takes
+    that circuit instead of compiling the file a second time."""
+    compile_sql, calls = circuits.sql.compile_sql, []
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("file"))
+        return compile_sql(*args, **kwargs)
+
+    monkeypatch.setattr(circuits.sql, "compile_sql", counted)
+    spec = load(tmp_path, sql_settings(tmp_path)).pipelines[0]
+    assert spec.circuit_for(spark) is spec.circuit_for(spark)
+    assert calls == [spec.sql]
