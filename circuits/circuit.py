@@ -300,6 +300,20 @@ class Stream:
             raise CircuitDefinitionError("group_by() needs at least one key column")
         return GroupedStream(self, keys)
 
+    def top_k(
+        self,
+        partition: Sequence[str],
+        order: Sequence[ops.SortKey],
+        k: int,
+        ranking: str = "row_number",
+        rank_column: str | None = None,
+    ) -> Stream:
+        """Per value of the ``partition`` columns (none: one group), the rows ranked at most
+        ``k`` under ``order``; see :class:`circuits.operators.TopK`."""
+        if rank_column is not None:
+            _check_name("column", rank_column)
+        return self._then(ops.TopK(tuple(partition), tuple(order), k, ranking, rank_column))
+
     # time
     def integrate(self) -> Stream:
         return self._then(ops.Integrate())

@@ -168,6 +168,7 @@ class NodeContext:
         result carries the routing columns and sits on the owning workers.
         """
         table, store = self.table(suffix), self.step.store
+        store.looked_up_by(table, keys)
         wanted = probe.select(
             F.col(PART).alias("_p_part"),
             F.col(VNODE).alias("_p_vnode"),

@@ -49,3 +49,11 @@ def consumer_config(bootstrap_servers: str, config: dict | None = None) -> dict:
         # Offsets that are gone must fail the read, never silently jump to other offsets.
         "auto.offset.reset": "error",
     }
+
+
+def no_broker(bootstrap_servers: str, timeout: float, cause: str) -> str:
+    """What a client says when no broker answered it: the cause seen and the setting to check."""
+    return (
+        f"no Kafka broker at bootstrap servers {bootstrap_servers!r} answered within {timeout:g} s ({cause}): "
+        "check the bootstrap servers setting (bootstrap.servers) and that the broker is running"
+    )

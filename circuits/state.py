@@ -13,7 +13,7 @@ The durable implementation lives in ``storage`` (Delta Lake);
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -69,6 +69,12 @@ class StateStore(ABC):
         ``keys`` has one of the values listed for it (a null listed: a null may match).
         Every such row is in it; other rows may be.  None: no trace."""
         return self.scan(table)
+
+    def looked_up_by(self, table: str, keys: Sequence[str]) -> None:
+        """Trace ``table`` is looked up by ``keys`` (a step's lookups say so before it is
+        materialized): a store may lay the trace's large writes out by them, so that the
+        files a lookup's few keys fall in are few (see :meth:`scan_keys`).  Ignored by default."""
+        return None
 
     def is_small(self, table: str) -> bool:
         """Whether trace ``table`` is small enough for a lookup to shuffle it whole to the

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from circuits.framing import client_config, consumer_config, gateway_range, range_headers
+from circuits.framing import client_config, consumer_config, gateway_range, no_broker, range_headers
 
 from .errors import GatewayBrokerError
 from .pool import Buffer
@@ -321,10 +321,7 @@ def _broker(bootstrap_servers: str, timeout: float, request: Callable, *args):
     try:
         return request(*args)
     except KafkaException as e:
-        raise GatewayBrokerError(
-            f"no Kafka broker at {bootstrap_servers!r} answered the gateway within {timeout:g} s ({e}): "
-            "check the bootstrap servers setting (bootstrap.servers) and that the broker is running"
-        ) from e
+        raise GatewayBrokerError(no_broker(bootstrap_servers, timeout, str(e))) from e
 
 
 def _partitions(consumer: Consumer, bootstrap_servers: str, topics: set[str], timeout: float) -> set[tuple[str, int]]:

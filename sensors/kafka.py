@@ -15,7 +15,7 @@ from functools import cached_property
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from circuits.framing import client_config
+from circuits.framing import client_config, no_broker
 
 from .errors import BrokerStalledError, BrokerUnavailableError, SourceError, TopicNotFoundError
 
@@ -28,10 +28,7 @@ def error_text(error: KafkaException) -> str:
 
 def unreachable(bootstrap_servers: str, timeout: float, cause: str) -> BrokerUnavailableError:
     """The error for a broker that did not answer; names the setting to check."""
-    return BrokerUnavailableError(
-        f"no Kafka broker at bootstrap servers {bootstrap_servers!r} answered within {timeout:g} s ({cause}): "
-        "check the bootstrap servers setting (bootstrap.servers) and that the broker is running"
-    )
+    return BrokerUnavailableError(no_broker(bootstrap_servers, timeout, cause))
 
 
 class KafkaClient:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -77,6 +77,16 @@ COMPACT_FILES = 16
 """A small trace spread over more files than this is rewritten whole, consolidated, by the
 next step that adds to it, in that step's own job: every lookup reads a small trace
 whole, and each file costs more to open than its rows cost to read."""
+CLUSTER_ROWS = 250_000
+"""A step's file of a trace holding more rows than this (a large step's, such as a load's)
+is written sorted by the trace's lookup keys and cut into files of this many rows (see
+:func:`storage.delta.cut`): a lookup of a few keys then reads the files whose key range
+holds them, not one file per worker whose bounds span every key.  At 10M events of the
+demo's state, q15's values traces (a day's bidders and auctions) are 37 MB, a step's keys
+one day of about twelve: cut, the step reads that day's files.  Small enough that a day
+spans a few files, large enough that a trace of 10M rows stays about 40 files.  Compaction
+and a relayout cut the files they rewrite the same way when this store has seen the
+trace's lookups (a step ran); else they write a file per unit."""
 
 
 class DeltaStateStore(StateStore):
@@ -102,6 +112,7 @@ class DeltaStateStore(StateStore):
         self.written_outputs: dict[str, WrittenFiles] = {}
         self._pending: dict[str, WrittenFiles] = {}
         self._rewrites: dict[str, list[str]] = {}
+        self._orders: dict[str, tuple[str, ...]] = {}
 
     # -- the design's database interface ------------------------------------------------
 
@@ -240,6 +251,10 @@ class DeltaStateStore(StateStore):
         """Any trace that is not small: see :data:`SMALL_TRACE_ROWS`."""
         return table in self._tables and not self.is_small(table)
 
+    def looked_up_by(self, table: str, keys: Sequence[str]) -> None:
+        """The first keys a trace is looked up by order its large writes (see :data:`CLUSTER_ROWS`)."""
+        self._orders.setdefault(table, tuple(keys))
+
     def scan_keys(self, table: str, keys: Mapping[str, pa.Array]) -> DataFrame | None:
         """The trace's files whose statistics admit the keys (see :func:`may_hold`)."""
         if table not in self._tables:
@@ -268,7 +283,8 @@ class DeltaStateStore(StateStore):
                 whole = consolidate(self.scan(table).unionByName(df.drop(FILE)))
                 df = whole.withColumn(FILE, worker_of(layout, F.col(VNODE)))
             targets[name] = (self._uri(table), df)
-        written = write_tables(targets)
+        orders = {f"{STATE}{table}": order for table, order in self._orders.items()}
+        written = write_tables(targets, orders, CLUSTER_ROWS)
         self.written_outputs = {n[len(OUTPUT) :]: w for n, w in written.items() if n.startswith(OUTPUT)}
         self._pending = {n[len(STATE) :]: w for n, w in written.items() if n.startswith(STATE)}
         return {
@@ -296,7 +312,7 @@ class DeltaStateStore(StateStore):
             name: (self._uri(name), _by_owner(consolidate(df), layout)) for name, df in traces.items() if df is not None
         }
         before = {name: paths(self._pinned(name)) for name in parts}
-        written = write_tables(parts) if parts else {}
+        written = write_tables(parts, self._orders, CLUSTER_ROWS) if parts else {}
         for name, files in written.items():
             self._commit(name, files, "compact", self._version + 1, before[name])
         return {name: (len(before[name]), len(files.actions)) for name, files in written.items()}
@@ -319,7 +335,8 @@ class DeltaStateStore(StateStore):
             files = [f"{table.table_uri.rstrip('/')}/{a['path']}" for a in hit]
             data = read_files(self.spark, self._uri(name), table_schema(table), files, version)
             parts[name] = (self._uri(name), _by_owner(data, layout))
-        return Relayout(layout, dict(self._tables), write_tables(parts) if parts else {}, removed, rows, nbytes)
+        written = write_tables(parts, self._orders, CLUSTER_ROWS) if parts else {}
+        return Relayout(layout, dict(self._tables), written, removed, rows, nbytes)
 
     def apply_relayout(self, *changes: Relayout) -> None:
         """Commits relayouts (a hot change's copy and catch-up together): per table, the new

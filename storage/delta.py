@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -54,23 +54,53 @@ def arrow_schema(schema: T.StructType) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in fields])
 
 
+def _has_stats(kind: pa.DataType) -> bool:
+    """Whether data files keep the min and max of a column of type ``kind``."""
+    return pa.types.is_integer(kind) or pa.types.is_string(kind)
+
+
 def _stats(table: pa.Table) -> str:
     minimum, maximum, nulls = {}, {}, {}
     for name, column in zip(table.column_names, table.columns):
         nulls[name] = column.null_count
-        if pa.types.is_integer(column.type) or pa.types.is_string(column.type):
+        if _has_stats(column.type):
             if column.null_count < len(column):
                 bounds = pc.min_max(column)
                 minimum[name], maximum[name] = bounds["min"].as_py(), bounds["max"].as_py()
     return json.dumps({"numRecords": table.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls})
 
 
-def _writer(
-    targets: dict[int, tuple[str, pa.Schema]],
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+@dataclass(frozen=True)
+class Target:
+    """Where the writer puts a destination's rows: table ``uri`` of ``schema``; with ``order``,
+    a piece of more than ``rows`` rows is sorted by those columns and cut into files of
+    ``rows`` rows (see :func:`cut`)."""
+
+    uri: str
+    schema: pa.Schema
+    order: tuple[str, ...] = ()
+    rows: int = 0
+
+
+def cut(data: pa.Table, order: tuple[str, ...], rows: int) -> list[pa.Table]:
+    """``data`` as the files to write: itself, or, when ``order`` is named and ``data`` has
+    more than ``rows`` rows, sorted by ``order`` and sliced into files of ``rows`` rows.
+    Each file's statistics then bound a narrow range of the first column of ``order``, so
+    a lookup of a few values of it skips the other files (one file spanning every value
+    is admitted by any of them)."""
+    # Only the columns that files keep statistics of (see _stats) order a cut.
+    order = [c for c in order if _has_stats(data.schema.field(c).type)]
+    if not order or data.num_rows <= rows:
+        return [data]
+    ordered = data.sort_by([(column, "ascending") for column in order])
+    return [ordered.slice(start, rows) for start in range(0, ordered.num_rows, rows)]
+
+
+def _writer(targets: dict[int, Target]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The executor side: split a partition of packed rows by destination (and by
-    :data:`FILE` where a destination has it), write one Parquet file per piece into its
-    table directory, and return the files' descriptions."""
+    :data:`FILE` where a destination has it), write each piece into its table directory
+    as one Parquet file, or as several cut by the target's order (see :func:`cut`), and
+    return the files' descriptions."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pieces: dict[tuple[int, object], list[pa.Table]] = {}
@@ -82,15 +112,16 @@ def _writer(
                 files = flat.column(FILE) if FILE in flat.column_names else None
                 for key in [None] if files is None else pc.unique(files).to_pylist():
                     piece = flat if files is None else flat.filter(pc.equal(files, key)).drop_columns([FILE])
-                    target = targets[dest][1]
-                    pieces.setdefault((dest, key), []).append(piece.select(target.names).cast(target))
+                    schema = targets[dest].schema
+                    pieces.setdefault((dest, key), []).append(piece.select(schema.names).cast(schema))
         described = []
         for (dest, key), tables in pieces.items():
-            uri, _schema = targets[dest]
-            data = pa.concat_tables(tables)
-            name = file_name(key)
-            pq.write_table(data, os.path.join(uri, name))
-            described.append((dest, name, os.path.getsize(os.path.join(uri, name)), data.num_rows, _stats(data)))
+            target = targets[dest]
+            for data in cut(pa.concat_tables(tables), target.order, target.rows):
+                name = file_name(key)
+                pq.write_table(data, os.path.join(target.uri, name))
+                size = os.path.getsize(os.path.join(target.uri, name))
+                described.append((dest, name, size, data.num_rows, _stats(data)))
         yield pa.RecordBatch.from_pylist(
             [dict(zip(("dest", "path", "size", "rows", "stats"), d)) for d in described],
             schema=pa.schema(
@@ -137,24 +168,29 @@ class WrittenFiles:
         return [os.path.join(self.uri, a.path) for a in self.actions]
 
 
-def write_tables(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, WrittenFiles]:
+def write_tables(
+    parts: dict[str, tuple[str, DataFrame]], orders: Mapping[str, tuple[str, ...]] | None = None, rows: int = 0
+) -> dict[str, WrittenFiles]:
     """Writes every ``name -> (table uri, DataFrame)`` with one Spark job (tables are created
     when missing): a file per Spark partition, or per :data:`FILE` value within it where
-    the DataFrame has that column.  Nothing is committed: see :func:`commit`."""
-    names = list(parts)
+    the DataFrame has that column; a table named in ``orders`` has such a file of more than
+    ``rows`` rows sorted by its order and cut (see :func:`cut`).  Nothing is committed:
+    see :func:`commit`."""
+    names, orders = list(parts), orders or {}
     targets = {}
     for i, name in enumerate(names):
         uri, df = parts[name]
         # An existing table's schema is the frame's (a writer's cast fails otherwise), and
         # reading it from the Delta log saves a round trip to Spark.
-        targets[i] = (uri, ensured_schema(uri, lambda df=df: arrow_schema(df.drop(FILE).schema)))
+        schema = ensured_schema(uri, lambda df=df: arrow_schema(df.drop(FILE).schema))
+        targets[i] = Target(uri, schema, orders.get(name, ()), rows)
     packed = pack({name: df for name, (_, df) in parts.items()})
     try:
         described = map_in_arrow(packed, _writer(targets), FILES_SCHEMA, packed_columns(len(names))).collect()
     except Exception as e:
         raise StorageError(f"writing tables {sorted(names)} failed: {e}") from e
     now = int(time.time() * 1000)
-    written = {name: WrittenFiles(targets[i][0], targets[i][1], []) for i, name in enumerate(names)}
+    written = {name: WrittenFiles(targets[i].uri, targets[i].schema, []) for i, name in enumerate(names)}
     for row in described:
         written[names[row.dest]].actions.append(AddAction(row.path, row.size, {}, now, True, row.stats))
     return written

@@ -1,4 +1,4 @@
-"""Incremental operators, one module per family: linear, bilinear, non-linear, time, keyed (KLogs)."""
+"""Incremental operators, one module per family: linear, bilinear, non-linear, top-k, time, keyed (KLogs)."""
 
 from .base import Operator
 from .bilinear import Join, KeyedJoin
@@ -6,6 +6,7 @@ from .keyed import Loop, Partition
 from .linear import Filter, FlatMap, Input, Negate, Select, Union
 from .nonlinear import AGG_KINDS, Agg, Aggregate, DefaultRow, Distinct, SetOperation
 from .time import Delay, Differentiate, Integrate
+from .topk import SortKey, TopK
 
 __all__ = [
     "AGG_KINDS",
@@ -27,5 +28,7 @@ __all__ = [
     "Partition",
     "Select",
     "SetOperation",
+    "SortKey",
+    "TopK",
     "Union",
 ]

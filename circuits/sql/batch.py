@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import sqlglot
 from pyspark.sql import DataFrame, SparkSession
+from sqlglot import exp
 
-from .parse import parse_views, views_read
+from .parse import DIALECT, parse_views, views_read
 
 
 def batch_views(
@@ -20,6 +22,8 @@ def batch_views(
     recomputed = {}
     for view in parse_views(text, file):
         frame = spark.sql(view.text)
+        if view.query.args.get("limit") or view.query.find(exp.Window):
+            frame = spark.sql(tie_broken(view.text, len(frame.columns)))
         frame.createOrReplaceTempView(view.name)
         if view.materialized:
             recomputed[view.name] = frame
@@ -41,3 +45,21 @@ def standalone_sql(text: str, file: str = "<sql>") -> dict[str, str]:
                 else view.text
             )
     return queries
+
+
+def tie_broken(query: str, columns: int) -> str:
+    """``query`` (a view's Spark SQL, of ``columns`` columns) with the engine's choice among
+    ties made explicit, so that Spark batch SQL of it gives the one answer the engine
+    maintains (of those Spark may give): each ``ROW_NUMBER()``'s order ends with the
+    ranked rows' columns (``struct(*)``), and the view's own ``ORDER BY ... LIMIT`` with its
+    columns, by position.  A query with neither is returned as it is."""
+    tree = sqlglot.parse_one(query, read=DIALECT)
+    windows = [w for w in tree.find_all(exp.Window) if isinstance(w.this, exp.RowNumber)]
+    if not windows and not (tree.args.get("limit") and tree.args.get("order")):
+        return query
+    for window in windows:
+        window.args["order"].append("expressions", exp.Ordered(this=exp.func("struct", exp.Star()), nulls_first=True))
+    if tree.args.get("limit") and tree.args.get("order"):
+        for position in range(1, columns + 1):
+            tree.args["order"].append("expressions", exp.Ordered(this=exp.Literal.number(position), nulls_first=True))
+    return tree.sql(DIALECT)

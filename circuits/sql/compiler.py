@@ -27,7 +27,8 @@ from ..circuit import Circuit, Stream
 from ..zset import parse_schema
 from .analyses import Analyses
 from .errors import SqlError
-from .parse import DIALECT, View, parse_views, read_tables
+from .parse import DIALECT, RANKING_FUNCTIONS, View, parse_views, rank_bound, read_tables
+from .parse import conjuncts as _conjuncts
 
 _AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
 _JOIN_SIDES = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}
@@ -73,8 +74,8 @@ class _Scope:
     aliases: dict[str, exp.Expression] = field(default_factory=dict)
     """Select-list aliases that GROUP BY and HAVING may name (Spark resolves them)."""
     scalars: dict[str, str] = field(default_factory=dict)
-    """The scalar subqueries joined into the relation (their SQL): each one's value, as
-    Spark SQL over internal names."""
+    """The scalar subqueries joined into the relation and the ranking windows computed
+    into it (their SQL): each one's value, as Spark SQL over internal names."""
 
     def find(self, column: exp.Column) -> Col | None:
         name, table = column.name.lower(), column.table.lower()
@@ -198,10 +199,87 @@ class _Compiler:
             return self.query(node.this, outer)
         with self.common_tables(node, outer):
             if isinstance(node, exp.Select):
-                return self.select(node, outer)
-            if isinstance(node, (exp.Union, exp.Except, exp.Intersect)):
-                return self.set_operation(node, outer)
-            raise SqlError(f"not supported: {type(node).__name__} ({node.sql(DIALECT)[:60]})")
+                rel = self.select(node, outer)
+            elif isinstance(node, (exp.Union, exp.Except, exp.Intersect)):
+                rel = self.set_operation(node, outer)
+            else:
+                raise SqlError(f"not supported: {type(node).__name__} ({node.sql(DIALECT)[:60]})")
+        return self.limited(node, rel) if node.args.get("limit") else rel
+
+    # top-k
+    def limited(self, node: exp.Query, rel: Rel) -> Rel:
+        """A query's ``ORDER BY o LIMIT k`` (the parser allows it on a view's own query
+        only): a global top-k of its rows, ties taken in the order of all their columns.
+        ``o`` may name the select list's columns, by name or position."""
+        scope = _Scope([Col(None, c.name, c.internal) for c in rel.cols])
+        order = []
+        for item in node.args["order"].expressions:
+            e = item.this
+            if isinstance(e, exp.Literal) and not e.is_string:
+                position = int(e.name)
+                if not 1 <= position <= len(rel.cols):
+                    raise SqlError(f"ORDER BY {position}: the select list has {len(rel.cols)} items", node=e)
+                e = exp.column(rel.cols[position - 1].name)
+            unqualified = e.transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
+            if any(isinstance(n, exp.AggFunc) for n in e.walk()):
+                raise SqlError(
+                    f"ORDER BY {e.sql(DIALECT)} ... LIMIT orders by an aggregate; alias it in the select list "
+                    "and order by the alias",
+                    node=e,
+                )
+            if not scope.is_local(unqualified):
+                raise SqlError(
+                    f"ORDER BY {e.sql(DIALECT)} ... LIMIT reads a column that is not in the select list; "
+                    "select it (the view's rows are what it orders)",
+                    node=e,
+                )
+            order.append((self.resolve(unqualified, scope), item))
+        k = int(node.args["limit"].expression.name)
+        return self.top_k(rel, [], order, k, "row_number", None)
+
+    def ranked(self, rel: Rel, scope: _Scope, window: exp.Window) -> tuple[Rel, _Scope]:
+        """``rel`` (a FROM's rows) kept where ``window`` (a ranking function, bounded by
+        ``<= k`` in the enclosing query: see :func:`~circuits.sql.parse.rank_bound`)
+        ranks them at most ``k``, with the rank beside them; ``scope`` resolving the window
+        to it.  Ties of ``ROW_NUMBER`` are taken in the order of the rows' columns."""
+        if _has_subquery(window):
+            raise SqlError(
+                f"a subquery in a window's PARTITION BY or ORDER BY: {window.sql(DIALECT)[:80]}", node=window
+            )
+        partition = [self.resolve(p, scope) for p in window.args.get("partition_by") or []]
+        order = [(self.resolve(o.this, scope), o) for o in window.args["order"].expressions]
+        rank = self.fresh()
+        ranking = RANKING_FUNCTIONS[type(window.this)]
+        ranked = self.top_k(rel, partition, order, rank_bound(window), ranking, rank)
+        ranked.types[rank] = T.IntegerType()
+        scalars = {**scope.scalars, window.sql(DIALECT): rank}
+        return ranked, replace(scope, cols=ranked.cols, scalars=scalars)
+
+    def top_k(
+        self,
+        rel: Rel,
+        partition: list[str],
+        order: list[tuple[str, exp.Ordered]],
+        k: int,
+        ranking: str,
+        rank: str | None,
+    ) -> Rel:
+        """``rel``'s rows ranked at most ``k`` per value of ``partition`` under ``order``
+        (Spark SQL texts over its columns, each with its ``ORDER BY`` item), with the rank in
+        the nameless column ``rank`` if one is named.  The expressions are computed into
+        columns after ``rel``'s own, so ties are taken in the order of ``rel``'s columns."""
+        keys = {self.fresh(): text for text in partition}
+        sorts = {self.fresh(): text for text, _ in order}
+        stream = rel.stream.select(
+            *[c.internal for c in rel.cols], *[F.expr(text).alias(c) for c, text in {**keys, **sorts}.items()]
+        )
+        by = [
+            ops.SortKey(c, bool(item.args.get("desc")), item.args.get("nulls_first"))
+            for c, (_, item) in zip(sorts, order)
+        ]
+        stream = stream.top_k(list(keys), by, k, ranking, rank)
+        cols = [*rel.cols, *([Col(None, "", rank)] if rank else [])]
+        return Rel(stream.select(*[c.internal for c in cols]), cols, dict(rel.types))
 
     @contextmanager
     def common_tables(self, node: exp.Expression, outer: _Scope | None) -> Iterator[None]:
@@ -254,6 +332,8 @@ class _Compiler:
         where = node.args.get("where")
         if where is not None:
             rel = self.where(rel, scope, where.this)
+        for window in [w for e in node.expressions for w in _outside_subqueries(e) if isinstance(w, exp.Window)]:
+            rel, scope = self.ranked(rel, scope, window)
         if _is_aggregate(node):
             rel, scope, items = self.aggregate(node, rel, scope)
         else:
@@ -640,7 +720,7 @@ class _Compiler:
         """``e`` as Spark SQL over internal column names."""
 
         def rename(n: exp.Expression) -> exp.Expression:
-            if isinstance(n, exp.Subquery) and n.sql(DIALECT) in scope.scalars:
+            if isinstance(n, (exp.Subquery, exp.Window)) and n.sql(DIALECT) in scope.scalars:
                 return exp.paren(exp.maybe_parse(scope.scalars[n.sql(DIALECT)], dialect=DIALECT), copy=False)
             if not isinstance(n, exp.Column) or isinstance(n.this, exp.Star):
                 return n
@@ -747,16 +827,6 @@ def _over_no_rows(item: exp.Expression) -> str:
     ).sql(DIALECT)
 
 
-def _conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
-    if condition is None:
-        return []
-    if isinstance(condition, exp.And):
-        return [*_conjuncts(condition.this), *_conjuncts(condition.expression)]
-    if isinstance(condition, exp.Paren):
-        return _conjuncts(condition.this)
-    return [condition]
-
-
 def _split_equalities(
     conjuncts: list[exp.Expression], left: _Scope, right: _Scope
 ) -> tuple[list[tuple[exp.Expression, exp.Expression]], list[exp.Expression]]:
@@ -783,7 +853,7 @@ def _and(a: str | None, b: str) -> str:
 def _is_aggregate(query: exp.Select) -> bool:
     """``query`` groups: it has a GROUP BY, or an aggregate in its select list or HAVING."""
     return query.args.get("group") is not None or any(
-        isinstance(n, exp.AggFunc)
+        isinstance(n, exp.AggFunc) and not isinstance(n.parent, exp.Window)  # RANK() OVER is no aggregate
         for e in [*query.expressions, query.args.get("having")]
         if e is not None
         for n in _outside_subqueries(e)

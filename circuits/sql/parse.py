@@ -141,9 +141,19 @@ def _view(statement: str, line: int, file: str) -> View:
 
 def _refuse_unsupported(view: View, statement: str) -> None:
     for node in view.query.walk():
+        if isinstance(node, exp.Order) and isinstance(node.parent, exp.Window):
+            continue  # a window's own order: the window is checked
         reason = next((r for kind, r in _REFUSED_NODES.items() if isinstance(node, kind)), None)
-        if isinstance(node, exp.Limit) and node.parent is not None and node.parent.args.get("order"):
-            reason = "ORDER BY ... LIMIT (the first rows of the whole result: a top-k)"
+        if isinstance(node, exp.Window):
+            reason = _window_refusal(node)
+        elif isinstance(node, (exp.Order, exp.Limit)) and node.parent is view.query:
+            reason = _limit_refusal(view.query)
+        elif (
+            isinstance(node, (exp.Order, exp.Limit)) and node.parent.args.get("order") and node.parent.args.get("limit")
+        ):
+            reason = (
+                f"ORDER BY ... LIMIT inside a query (a top-k is the view's own ORDER BY ... LIMIT k, or {_TOP_K_SHAPE})"
+            )
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
         if reason is not None:
@@ -151,6 +161,93 @@ def _refuse_unsupported(view: View, statement: str) -> None:
                 f"not supported in a maintained view: {reason}; remove it (or compute it downstream)",
                 _line_of(statement, node, view.line),
             )
+
+
+RANKING_FUNCTIONS: dict[type[exp.Expression], str] = {
+    exp.RowNumber: "row_number",
+    exp.Rank: "rank",
+    exp.DenseRank: "dense_rank",
+}
+"""The window functions a top-k computes, by the engine's name of their ranking."""
+_TOP_K_SHAPE = (
+    "SELECT ... FROM (SELECT ..., ROW_NUMBER() OVER (PARTITION BY p ORDER BY o) AS rn FROM ...) WHERE rn <= k "
+    "(or RANK(), DENSE_RANK(); rn < k, rn = 1)"
+)
+
+
+def _window_refusal(window: exp.Window) -> str | None:
+    """Why ``window`` is not a top-k the engine maintains, or None if it is one."""
+    if type(window.this) not in RANKING_FUNCTIONS or window.args.get("spec") or not window.args.get("order"):
+        return f"the window function {window.sql(DIALECT)[:80]} (only a top-k: {_TOP_K_SHAPE})"
+    if rank_bound(window) is None:
+        return f"{window.sql(DIALECT)[:80]} without a bound on it in the enclosing query (a top-k is {_TOP_K_SHAPE})"
+    return None
+
+
+def ranking_select(window: exp.Window) -> exp.Select | None:
+    """The query whose select list has ``window`` as an aliased item of its own, if it is
+    one without aggregates, other windows or ``DISTINCT``, read in a ``FROM``."""
+    alias = window.parent
+    select = alias.parent if isinstance(alias, exp.Alias) else None
+    if not isinstance(select, exp.Select) or alias.arg_key != "expressions" or select.args.get("distinct"):
+        return None
+    aggregates = [
+        n for e in select.expressions for n in e.walk() if isinstance(n, exp.AggFunc) and n is not window.this
+    ]
+    if select.args.get("group") or aggregates:
+        return None
+    if sum(1 for e in select.expressions for _ in e.find_all(exp.Window)) != 1:
+        return None
+    subquery = select.parent
+    if not isinstance(subquery, exp.Subquery) or not isinstance(subquery.parent, (exp.From, exp.Join)):
+        return None
+    return select
+
+
+def rank_bound(window: exp.Window) -> int | None:
+    """``k`` of the top-k that ``window`` is (see :func:`ranking_select`): the enclosing
+    query's ``WHERE`` has a conjunct ``rn <= k``, ``rn < k + 1`` or ``rn = 1`` on its alias."""
+    select = ranking_select(window)
+    if select is None:
+        return None
+    subquery, outer = select.parent, select.parent.parent.parent
+    where = outer.args.get("where") if isinstance(outer, exp.Select) else None
+    name, qualifiers = window.parent.alias.lower(), {"", subquery.alias.lower()}
+    bounds = []
+    for c in conjuncts(where.this if where else None):
+        side, limit = (c.this, c.expression) if isinstance(c, (exp.LTE, exp.LT, exp.EQ)) else (None, None)
+        if isinstance(c, (exp.GTE, exp.GT)):
+            side, limit = c.expression, c.this
+        if not isinstance(side, exp.Column) or side.name.lower() != name or side.table.lower() not in qualifiers:
+            continue
+        if isinstance(limit, exp.Literal) and not limit.is_string and limit.name.isdigit():
+            k = int(limit.name) - (1 if isinstance(c, (exp.LT, exp.GT)) else 0)
+            if k >= 1 and (not isinstance(c, exp.EQ) or k == 1):
+                bounds.append(k)
+    return min(bounds, default=None)
+
+
+def _limit_refusal(query: exp.Query) -> str | None:
+    """Why the view's own ``ORDER BY``/``LIMIT`` is not a top-k, or None if it is one."""
+    limit = query.args.get("limit")
+    count = limit.expression if isinstance(limit, exp.Limit) else None
+    if query.args.get("order") is None:
+        return "LIMIT without ORDER BY (which rows it keeps is not a function of the rows)"
+    if count is None:
+        return "ORDER BY without LIMIT (a maintained view is a set of rows, with no order)"
+    if query.args.get("offset") or not (isinstance(count, exp.Literal) and count.name.isdigit() and int(count.name)):
+        return f"ORDER BY ... LIMIT {count.sql(DIALECT)} (only LIMIT k with k a positive integer, no OFFSET)"
+    return None
+
+
+def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
+    if condition is None:
+        return []
+    if isinstance(condition, exp.And):
+        return [*conjuncts(condition.this), *conjuncts(condition.expression)]
+    if isinstance(condition, exp.Paren):
+        return conjuncts(condition.this)
+    return [condition]
 
 
 def _line_of(statement: str, node: exp.Expression, default: int) -> int:

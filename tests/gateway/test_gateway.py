@@ -412,5 +412,5 @@ def test_reading_back_names_a_missing_topic_without_creating_it_and_an_absent_br
         acknowledged_since(broker.bootstrap, None, {}, [missing], timeout=5)
     assert missing not in KafkaClient(broker.bootstrap).topics()  # asking created nothing
     nobody = f"127.0.0.1:{free_port()}"
-    with pytest.raises(GatewayBrokerError, match=f"no Kafka broker at '{nobody}' answered the gateway"):
+    with pytest.raises(GatewayBrokerError, match=f"no Kafka broker at bootstrap servers '{nobody}' answered within"):
         acknowledged_since(nobody, None, {}, [missing], timeout=1)

@@ -56,10 +56,8 @@ def _bounds(root: str, side: str) -> dict[str, tuple[int, int]]:
     return dict(zip(adds.column("path").to_pylist(), zip(lows, highs, strict=True), strict=True))
 
 
-def test_a_join_reads_only_the_trace_files_that_may_hold_the_other_sides_keys_and_is_right(
-    spark, tmp_path, monkeypatch
-):
-    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)  # every trace is looked up by its keys
+def _recorded_reads(monkeypatch) -> list[str]:
+    """The names of the data files the store reads from here on, appended as it reads them."""
     read: list[str] = []
     reading = database.read_files
 
@@ -68,19 +66,33 @@ def test_a_join_reads_only_the_trace_files_that_may_hold_the_other_sides_keys_an
         return reading(spark, uri, schema, paths, version)
 
     monkeypatch.setattr(database, "read_files", recorded)
+    return read
+
+
+def _join_step(spark, root: str, step: int, left: list[int], right: list[int]) -> Pipeline:
+    """Runs step ``step`` of :func:`_join` inserting keys ``left`` and ``right`` (columns a and b: the step)."""
+    inputs = {
+        side: from_rows(spark, [(k, step, 1) for k in keys], f"k bigint, {c} bigint")
+        for side, c, keys in (("left", "a", left), ("right", "b", right))
+    }
+    pipeline = Pipeline(spark, root, _join(), workers=2)
+    pipeline.submit(step, inputs, [Range("r", 0, step, step + 1)])
+    pipeline.run()
+    return pipeline
+
+
+def test_a_join_reads_only_the_trace_files_that_may_hold_the_other_sides_keys_and_is_right(
+    spark, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)  # every trace is looked up by its keys
+    read = _recorded_reads(monkeypatch)
     root = str(tmp_path / "pruned")
     # Steps 0-2 insert keys 100s..100s+9 on both sides; step 3 a new key and an old one on each.
     steps = [([100 * s + i for i in range(10)],) * 2 for s in range(3)] + [([300, 5], [301, 205])]
     for step, (left, right) in enumerate(steps):
         before = {side: _bounds(root, side) for side in ("left", "right")} if step else {}
-        inputs = {
-            side: from_rows(spark, [(k, step, 1) for k in keys], f"k bigint, {c} bigint")
-            for side, c, keys in (("left", "a", left), ("right", "b", right))
-        }
-        pipeline = Pipeline(spark, root, _join(), workers=2)
-        pipeline.submit(step, inputs, [Range("r", 0, step, step + 1)])
         del read[:]
-        pipeline.run()
+        pipeline = _join_step(spark, root, step, left, right)
     # Each trace is read for the other side's keys: of its files before step 3, those whose
     # bounds admit one (the left trace's of step 2, for 205; the right trace's of step 0, for 5).
     for side, keys in (("left", steps[3][1]), ("right", steps[3][0])):
@@ -130,3 +142,28 @@ def test_the_demo_views_are_the_same_with_every_lookup_pruned_and_a_pruned_looku
     monkeypatch.setattr(database.DeltaStateStore, "scan_keys", counted)
     assert _demo_outputs(spark, str(tmp_path / "pruned"), 4) == expected
     assert sum(kept) < sum(scanned)
+
+
+def test_a_large_write_is_cut_into_files_by_the_lookup_key_and_a_lookup_reads_only_those_holding_its_key(
+    spark, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
+    monkeypatch.setattr(database, "CLUSTER_ROWS", 10, raising=False)
+    read = _recorded_reads(monkeypatch)
+    root = str(tmp_path / "cut")
+    # Step 0 inserts keys 0..99 on the left (its per-worker files span every key unless
+    # cut); step 1 one old key on the right, whose lookup of the left trace follows.
+    steps = [(list(range(100)), [1000]), ([], [37])]
+    for step, (left, right) in enumerate(steps):
+        del read[:]
+        pipeline = _join_step(spark, root, step, left, right)
+        if step == 0:
+            bounds = _bounds(root, "left")
+    # The load's left trace: files of at most 10 rows of a worker's keys, in key order, so
+    # that key 37 lies within the bounds of one file per worker at most (of two, uncut).
+    assert len(bounds) >= 10, bounds
+    admitting = {path for path, (low, high) in bounds.items() if low <= 37 <= high}
+    assert 1 <= len(admitting) <= 2
+    assert set(read) & set(bounds) == admitting
+    joined = [(r["k"], r["a"], r["b"], r["_weight"]) for r in pipeline.read_outputs("joined", 0, 1).collect()]
+    assert joined == [(37, 0, 1, 1)]

@@ -11,6 +11,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from circuits.sharding import VNODE
+from storage import database
 from storage.database import ENGINE_VERSION, STATE_FORMAT
 from storage.errors import StateFormatError
 from storage.faults import InjectedCrash
@@ -110,6 +111,43 @@ def test_a_crash_during_a_layout_change_recovers_at_the_old_or_the_new_layout(
         submit(spark, recovered, step)
     recovered.run()
     assert output_log(recovered, STEPS) == reference
+
+
+@pytest.mark.slow
+def test_traces_cut_by_their_lookup_keys_stay_cut_through_a_rescale_and_recover_from_a_crash_mid_step(
+    spark, tmp_path, reference, monkeypatch
+):
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
+    monkeypatch.setattr(database, "CLUSTER_ROWS", 3, raising=False)  # a step's files are cut
+    root = str(tmp_path / "p")
+    pipeline = Pipeline(spark, root, circuit(), workers=4)
+    for step in range(2):
+        submit(spark, pipeline, step)
+    pipeline.run()
+    pipeline.rescale(5)
+    assert_files_follow_owners(pipeline)
+    assert join_trace_file_rows(root) == 3  # cut, and cut again where the rescale rewrote them
+    monkeypatch.setenv("DBSP_FAULT", "during_state:2")
+    monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
+    submit(spark, pipeline, 2)
+    with pytest.raises(InjectedCrash):
+        pipeline.run()  # a trace took its cut files, no checkpoint yet
+    monkeypatch.delenv("DBSP_FAULT")
+    recovered = Pipeline(spark, root, circuit(), workers=5)
+    for step in range(3, STEPS):
+        submit(spark, recovered, step)
+    recovered.run()
+    assert join_trace_file_rows(root) == 3
+    assert output_log(recovered, STEPS) == reference
+
+
+def join_trace_file_rows(root: str) -> int:
+    """The most rows a file of the join's traces holds."""
+    tables = [t for t in os.listdir(os.path.join(root, "state")) if t.endswith((".left", ".right"))]
+    rows = [
+        DeltaTable(os.path.join(root, "state", t)).get_add_actions(flatten=True).column("num_records") for t in tables
+    ]
+    return max(max(r.to_pylist()) for r in rows)
 
 
 def rewrite_latest_checkpoint(root: str, **changes) -> dict:
