@@ -339,6 +339,13 @@ def summary(rows: list[dict]) -> None:
         )
 
 
+def server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of where the peer's inputs are kept and of the server."""
+    parser.add_argument("--data", default="/work/scale-data", help="where the peer's Parquet inputs are kept")
+    parser.add_argument("--driver-memory", default="8g", help="the heap of the server started for the run")
+    parser.add_argument("--url", help="a running Spark Connect server (default: start one for the run)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, nargs="+", default=[1_000_000])
@@ -352,9 +359,7 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--root", default=None, help="where the pipelines live (default: a temporary directory)")
-    parser.add_argument("--data", default="/work/scale-data", help="where the peer's Parquet inputs are kept")
-    parser.add_argument("--driver-memory", default="8g", help="the heap of the server started for the run")
-    parser.add_argument("--url", help="a running Spark Connect server (default: start one for the run)")
+    server_arguments(parser)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="state-scale-")
     args.root = args.root or work
