@@ -55,7 +55,8 @@ from .errors import BrokerStalledError, BrokerUnavailableError, OffsetsLostError
 from .kafka import error_text, unreachable
 
 CHUNK = 50_000
-"""Most offsets one Spark task reads, so that a large step's read runs as several tasks."""
+"""Most offsets one Spark task reads, so that a large step's read runs as several tasks;
+the ranges of a small step share a task (a Python task costs more than its read)."""
 
 MAX_BATCH = 10_000
 """Most records asked of the consumer at once."""
@@ -318,16 +319,18 @@ def _read_tasks(
     is given, then a row per gateway source it took bytes of, with the end of those bytes
     in ``taken``."""
     settings = consumer_config(bootstrap_servers, {**READER_CONFIG, **(config or {})})
-    consumer = Consumer(settings)
     seen = dict(taken)
-    try:
-        for batch in batches:
-            for i in batch.column("id").to_pylist():
-                chunk = chunks[i]
+    for batch in batches:
+        for i in batch.column("id").to_pylist():
+            chunk = chunks[i]
+            # A consumer per chunk: one assigned again waits out the fetch its last partition
+            # has in flight (the bundled broker holds it for fetch.wait.max.ms: 8.8 s a range).
+            consumer = Consumer(settings)
+            try:
                 rows = list(_read_range(consumer, chunk, fields[chunk[0]], timeout, settings, seen))
-                yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
-    finally:
-        consumer.close()
+            finally:
+                consumer.close()
+            yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
     ends = [{"topic": t, "key": k, "taken": end} for (t, k), end in seen.items() if taken.get((t, k)) != end]
     yield pa.RecordBatch.from_pylist(ends, schema=_RAW_ARROW)
 
@@ -409,8 +412,9 @@ def read_ranges(
         raise SourceError(f"no schema for topic(s) {', '.join(map(repr, unknown))}: declare one in the schemas")
     _check_config(bootstrap_servers, client_config)
     chunks = _chunks(ranges, chunk_size)
-    # One partition per chunk, holding the chunk's number: each range piece is its own task.
-    tasks = spark.range(0, len(chunks), 1, max(len(chunks), 1))
+    # Partitions of consecutive chunk numbers, of about ``chunk_size`` offsets each.
+    offsets = sum(end - start for _, _, start, end in chunks)
+    tasks = spark.range(0, len(chunks), 1, max(min(len(chunks), -(-offsets // chunk_size)), 1))
     reader = partial(_read_tasks, bootstrap_servers, client_config, fields, timeout, chunks, taken or {})
     # Cached: every frame below reads the broker's records once, in the first job over them.
     raw = map_in_arrow(tasks, reader, _RAW_SCHEMA, ["id"]).persist()

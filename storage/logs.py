@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -216,6 +217,34 @@ class StepInput:
     """Rows of every delta together, by the files' statistics (None: a file has none)."""
 
 
+def _step_input(files: dict[str, list[tuple[int | None, int | None]]], frame) -> StepInput:
+    """A step's input from each handle's data files, as ``(rows, least weight)`` by their
+    statistics (None: not recorded), and ``frame(handle)``, the handle's delta; a handle
+    without files is absent, so that the step knows it is empty."""
+    deltas, retracting, rows = {}, set(), 0
+    for handle, stats in files.items():
+        if not stats:
+            continue
+        counts = [count for count, _ in stats]
+        rows = None if rows is None or None in counts else rows + sum(counts)
+        deltas[handle] = frame(handle)
+        if any(least is None or least < 0 for _, least in stats):
+            retracting.add(handle)
+    return StepInput(deltas, retracting, rows)
+
+
+def _file_stats(stats: str) -> tuple[int | None, int | None]:
+    """A written file's ``(rows, least weight)`` from its Delta statistics (JSON)."""
+    parsed = json.loads(stats)
+    return parsed.get("numRecords"), parsed.get("minValues", {}).get(WEIGHT)
+
+
+def _conformed(df: DataFrame, schema: T.StructType) -> DataFrame:
+    """``df`` with exactly the columns and types the input log writes for ``schema``, as
+    the step expects of its deltas (planned on the client: no round trip)."""
+    return df.select(*(F.col(f.name).cast(f.dataType) for f in with_weight_schema(schema).fields))
+
+
 def dead_letters_uri(root: str) -> str:
     """The pipeline's table of input records that could not be decoded."""
     return os.path.join(root, DEAD_LETTERS)
@@ -228,12 +257,18 @@ class InputLog:
     The end of the bytes each step took of each byte-ranged source (a source gateway's) goes
     to ``<root>/_taken`` (:data:`TAKEN_SCHEMA`), committed before the step's inputs: the
     read of a later step drops those bytes when a source sends them again.
+
+    A step persisted with ``keep`` is read (once) from the frames it was written from,
+    the batch its source read into the session, rather than from the log's files: the
+    step's job does not read back what the ingest's job has just written.  The log is
+    still committed before the step runs, so recovery replays it unchanged.
     """
 
     def __init__(self, spark: SparkSession, root: str, schemas: dict[str, T.StructType]) -> None:
         self.spark = spark
         self.root = root
         self.schemas = schemas
+        self._kept: dict[int, StepInput] = {}
 
     def uri(self, handle: str) -> str:
         return os.path.join(self.root, "inputs", handle)
@@ -266,12 +301,15 @@ class InputLog:
         inputs: dict[str, DataFrame],
         dead_letters: DataFrame | None = None,
         taken: DataFrame | None = None,
+        keep: bool = False,
     ) -> None:
         """Writes ``step``'s input for every handle (absent handles: empty), its dead
         letters (``DEAD_LETTER_SCHEMA``) and the bytes it took (``TAKEN_SCHEMA``), once,
         with one Spark job (none when every input is absent).  The dead letters and the
         bytes taken are committed before the inputs, whose commits mark the step
-        persisted; a failed job commits nothing."""
+        persisted; a failed job commits nothing.  ``keep``: :meth:`read` returns
+        ``inputs`` themselves for the step (until :meth:`forget`), so they must stay
+        readable, and give the same rows, until the step has run."""
         todo = {h: s for h, s in self.schemas.items() if not _recorded(self.uri(h), "input", step)}
         if not todo:
             return
@@ -300,6 +338,15 @@ class InputLog:
             failpoint("after_taken", step)
         for files in written.values():
             commit(files, "input", step)
+        if keep and len(todo) == len(self.schemas):
+            self._kept[step] = _step_input(
+                {h: [_file_stats(a.stats) for a in written[h].actions] for h in todo},
+                lambda h: _conformed(inputs[h], self.schemas[h]),
+            )
+
+    def forget(self, step: int) -> None:
+        """Drops the frames kept for ``step`` (see :meth:`persist`): read it from the log."""
+        self._kept.pop(step, None)
 
     def dead_letters(self) -> DataFrame:
         """Every dead letter so far, with its ``_step``."""
@@ -309,6 +356,9 @@ class InputLog:
 
     def read(self, step: int, timeout: float = 60.0, cancel: threading.Event | None = None) -> StepInput:
         """``step``'s input; blocks until it is persisted, ``timeout`` passes, or ``cancel`` is set."""
+        kept = self._kept.pop(step, None)
+        if kept is not None:
+            return kept
         deadline = time.monotonic() + timeout
         while not self.persisted(step):
             if cancel is not None and cancel.is_set():
@@ -316,23 +366,18 @@ class InputLog:
             if time.monotonic() > deadline:
                 raise InputTimeoutError(f"the input of step {step} did not arrive within {timeout:g} s")
             time.sleep(0.1)
-        deltas, retracting, rows = {}, set(), 0
-        for handle, schema in self.schemas.items():
+        files = {}
+        for handle in self.schemas:
             with latest(self.uri(handle)) as table:  # the kept handle: an open costs 5-10 ms
-                files = files_of_steps(table, step, step)
-            if not files:  # an empty input: absent, so that the step knows it is empty
-                continue
-            counts = [f["num_records"] for f in files]
-            rows = None if rows is None or None in counts else rows + sum(counts)
-            paths = [f["uri"] for f in files]
-            deltas[handle] = (
-                read_files(self.spark, self.uri(handle), _step_schema(schema), paths)
+                files[handle] = files_of_steps(table, step, step)
+        return _step_input(
+            {h: [(f["num_records"], f[f"min.{WEIGHT}"]) for f in found] for h, found in files.items()},
+            lambda h: (
+                read_files(self.spark, self.uri(h), _step_schema(self.schemas[h]), [f["uri"] for f in files[h]])
                 .where(F.col(STEP) == step)
                 .drop(STEP)
-            )
-            if any(f[f"min.{WEIGHT}"] is None or f[f"min.{WEIGHT}"] < 0 for f in files):
-                retracting.add(handle)
-        return StepInput(deltas, retracting, rows)
+            ),
+        )
 
 
 class OutputLog:

@@ -22,7 +22,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
@@ -112,9 +112,10 @@ StepReader = Callable[
 log, step, state and output) and storage imports no source.  Called with the session, the
 step's division (its ranges), the inputs' schemas (handle: columns without the weight) and,
 per byte-ranged source, the end of what earlier steps took (to drop if sent again), it
-plans reading exactly those ranges; its context manager frees what the read holds, and
-turns an error the input log's write raises because of the read (a job over the planned
-read failed) into the source's own."""
+plans reading exactly those ranges; its context manager frees what the read holds (the
+frames stay readable, giving the same rows, until it exits: the last step of a range
+computes from them), and turns an error the input log's write or the step raises because
+of the read (a job over the planned read failed) into the source's own."""
 
 
 def status(root: str) -> Status:
@@ -190,27 +191,39 @@ class Pipeline:
         """Opens the state at the latest checkpoint (discarding anything written after it)."""
         self.state.open()
 
-    def ingest(self, step: int, reader: StepReader) -> None:
+    def ingest(self, step: int, reader: StepReader, held: ExitStack | None = None) -> None:
         """Persists ``step``'s input, read by ``reader`` from the step's recorded division
-        (a no-op when already persisted).  Refuses a step the division log has not cut."""
+        (a no-op when already persisted).  Refuses a step the division log has not cut.
+
+        With ``held``, the read stays open until ``held`` closes, and the step computes
+        from the rows read rather than reading the input log back (see
+        :meth:`storage.logs.InputLog.persist`): the log is committed first all the same."""
         if self.inputs.persisted(step):
             return
         if step >= self.divisions.next_step():
             raise StepOrderError(f"step {step} has no recorded division yet: the sensor has not cut it")
         taken = self.inputs.taken_before(step)
-        with reader(self.spark, self.divisions.get(step), self.circuit.inputs, taken) as read:
-            self.inputs.persist(step, read.inputs, read.dead_letters, read.taken)
+        with ExitStack() as scope:
+            read = scope.enter_context(reader(self.spark, self.divisions.get(step), self.circuit.inputs, taken))
+            self.inputs.persist(step, read.inputs, read.dead_letters, read.taken, keep=held is not None)
+            failpoint("after_input", step)
+            if held is not None:
+                held.enter_context(scope.pop_all())
+                held.callback(self.inputs.forget, step)  # runs first: nothing reads the freed rows
 
     def run_steps(self, reader: StepReader, first: int, last: int) -> range:
         """Runs steps ``first..=last`` in order as one checkpoint, each step's input read
         once by ``reader`` and persisted first, and returns the steps it ran (empty when all
         were committed).  Refuses, naming it, a step whose predecessor is not committed."""
         steps = self.pending(first, last)
-        for step in steps:
-            with self.timed("ingest"):
-                self.ingest(step, reader)
-        if steps:
-            self.advance(through=last)
+        with ExitStack() as held:
+            for step in steps:
+                with self.timed("ingest"):
+                    # Only the last step's read is held for its step, so a long range holds
+                    # one step's records at a time; the others are read back from the log.
+                    self.ingest(step, reader, held if step == last else None)
+            if steps:
+                self.advance(through=last)
         return steps
 
     def recover(self, reader: StepReader, holder: Holder | None = None, break_lease: bool = False) -> Recovery:

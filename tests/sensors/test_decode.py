@@ -1,6 +1,7 @@
 """read_ranges against the real broker and the shared Spark session."""
 
 import json
+import time
 
 import pytest
 from pyspark.sql import functions as F
@@ -53,6 +54,26 @@ def test_exactly_the_ranges_are_read_typed_and_weighted(spark, broker, client, n
         assert decoded.dead_letters.count() == 0
     finally:
         decoded.unpersist()
+
+
+def test_a_small_steps_ranges_share_one_task_each_read_by_a_consumer_of_its_own(spark, broker, client, new_topic):
+    topics = [new_topic(2), new_topic(2)]
+    for topic in topics:
+        for partition in (0, 1):
+            client.produce(topic, [bid(i) for i in range(3)], partition=partition)
+    ranges = [Range(topic, partition, 0, 3) for topic in topics for partition in (0, 1)]
+    # The bundled broker holds a fetch this long when it has nothing more to send: a consumer
+    # assigned to the next range would wait it out.
+    config = {"fetch.wait.max.ms": "60000"}
+    for _ in range(2):  # the second read is timed: the first starts the server's Python workers
+        started = time.monotonic()
+        decoded = read_ranges(spark, broker.bootstrap, config, ranges, {topic: BIDS for topic in topics})
+        try:
+            assert decoded.raw.select(F.spark_partition_id()).distinct().count() == 1
+            assert [decoded.inputs[topic].count() for topic in topics] == [6, 6]
+        finally:
+            decoded.unpersist()
+    assert time.monotonic() - started < 60
 
 
 def test_malformed_records_become_dead_letters_and_no_valid_record_is_lost(spark, broker, client, new_topic):

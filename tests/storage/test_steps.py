@@ -10,7 +10,9 @@ import pytest
 
 from circuits import from_rows
 from circuits.library import word_count
+from storage import logs
 from storage.errors import LeaseHeldError, StepOrderError
+from storage.faults import InjectedCrash
 from storage.lease import Holder, Lease
 from storage.logs import Range
 from storage.pipeline import Pipeline, StepInput
@@ -55,6 +57,38 @@ def test_a_step_range_reads_each_divided_step_once_and_commits_what_submitted_in
     assert reader.read_steps == [0, 1, 2]
     assert totals(pipeline, 2) == totals(reference, 2)
     assert pipeline.timings["ingest"] > 0
+
+
+def test_a_step_run_alone_computes_from_the_rows_its_read_holds_and_reads_no_input_log_back(
+    spark, tmp_path, reference, monkeypatch
+):
+    pipeline, reader = Pipeline(spark, str(tmp_path / "p"), word_count(), workers=2), RowsReader()
+    divide(pipeline, len(STEPS))
+    read, read_files = [], logs.read_files
+    monkeypatch.setattr(logs, "read_files", lambda spark, uri, *a: read.append(uri) or read_files(spark, uri, *a))
+    for step in range(len(STEPS)):
+        assert pipeline.run_steps(reader, step, step) == range(step, step + 1)
+    assert [uri for uri in read if uri.startswith(pipeline.inputs.uri(""))] == []
+    assert reader.read_steps == [0, 1, 2]
+    assert totals(pipeline, 2) == totals(reference, 2)
+    assert all(pipeline.inputs.persisted(step) for step in range(len(STEPS)))
+
+
+def test_a_crash_after_the_input_log_or_during_the_state_of_a_step_computed_from_its_read_recovers_from_the_log(
+    spark, tmp_path, reference, monkeypatch
+):
+    root, reader = str(tmp_path / "p"), RowsReader()
+    divide(Pipeline(spark, root, word_count(), workers=2), len(STEPS))
+    monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
+    for point, step in [("after_input", 0), ("during_state", 1)]:
+        monkeypatch.setenv("DBSP_FAULT", f"{point}:{step}")
+        with pytest.raises(InjectedCrash):  # each time in a new run process
+            Pipeline(spark, root, word_count(), workers=2).run_steps(reader, 0, step)
+    monkeypatch.delenv("DBSP_FAULT")
+    pipeline = Pipeline(spark, root, word_count(), workers=2)
+    assert pipeline.run_steps(reader, 0, 2) == range(0, 3)
+    assert reader.read_steps == [0, 1, 2]  # the crashed steps are replayed from the input log
+    assert totals(pipeline, 2) == totals(reference, 2)
 
 
 def test_a_step_the_division_log_has_not_cut_is_refused_before_any_read(spark, tmp_path):
