@@ -51,6 +51,20 @@ def test_unsupported_constructs_are_refused_with_view_and_line(query, construct)
     assert construct in message
 
 
+@pytest.mark.parametrize("call", ["every(v)", "some(v)", "any(v)", "bool_and(v)", "bool_or(v)", "std(k)"])
+def test_aggregates_the_engine_lacks_are_refused_as_aggregates(call):
+    """Spark's aggregates that sqlglot reads as plain functions (``every``, ``some``,
+    ``any``, ``std``) are named as aggregates, at parse time: left as a projection, they
+    were refused as "Spark cannot analyse" the compiler's rewrite."""
+    message = refusal(f"CREATE MATERIALIZED VIEW bad AS\n  SELECT k, {call} AS b FROM a GROUP BY k;")
+    assert message.lower().startswith(
+        f"views.sql:2, view 'bad': not supported in a maintained view: the aggregate {call}"
+    )
+    assert "count, sum, avg, min and max" in message
+    # ``x = ANY (subquery)`` is a comparison, not the aggregate
+    parse_views("CREATE MATERIALIZED VIEW ok AS SELECT k FROM a WHERE k = ANY (SELECT k FROM b);", "views.sql")
+
+
 def test_other_statements_are_refused():
     message = refusal("CREATE TABLE t (k int);")
     assert message.startswith("views.sql:1:") and "CREATE MATERIALIZED VIEW" in message
