@@ -412,6 +412,18 @@ class _Compiler:
     def derived(self, query: exp.Expression, outer: _Scope | None) -> Rel:
         """A subquery in FROM.  It reads its own tables only: one that reads a column of an
         enclosing query is a lateral join, whose correlation no operator here keeps."""
+        return self.alone(
+            query,
+            outer,
+            "a subquery in FROM",
+            "(a lateral join)",
+            "correlate the enclosing subquery itself, in its WHERE",
+        )
+
+    def alone(self, query: exp.Expression, outer: _Scope | None, construct: str, kind: str, fix: str) -> Rel:
+        """``query`` compiled without the columns of the queries enclosing it (``outer``): a
+        column of theirs that it reads is refused as a correlation of ``construct``, not as
+        an unknown column."""
         try:
             return self.query(query, None)
         except SqlError as e:
@@ -419,8 +431,7 @@ class _Compiler:
             if column is None or _found(column, outer) is None:
                 raise
             raise SqlError(
-                f"a subquery in FROM reads {column.sql(DIALECT)} of an enclosing query (a lateral join): "
-                "not supported; correlate the enclosing subquery itself, in its WHERE",
+                f"{construct} reads {column.sql(DIALECT)} of an enclosing query {kind}: not supported; {fix}",
                 node=column,
             ) from e
 
@@ -573,7 +584,7 @@ class _Compiler:
         ``q``, keyed by the equalities that correlate ``q`` with ``rel``.  ``NOT IN`` is
         null-aware, as in SQL: a row is kept only if no ``q`` value equals it or is unknown."""
         query = predicate.this if isinstance(predicate, exp.Exists) else predicate.args["query"].this
-        inner, pairs, residual = self.correlated(query, scope)
+        inner, pairs, residual = self.correlated(query, scope, _kind_of(predicate))
         if isinstance(predicate, exp.In):
             single = len(query.expressions) == 1 if isinstance(query, exp.Select) else len(inner.cols) == 1
             if isinstance(predicate.this, exp.Tuple) or not single:
@@ -585,16 +596,19 @@ class _Compiler:
                 pairs = [*pairs, value]
         return self.keyed_join(rel, inner, pairs, residual, "left_anti" if negated else "left_semi")
 
-    def correlated(self, query: exp.Expression, outer: _Scope) -> tuple[Rel, list[tuple[str, str]], str | None]:
-        """A subquery's relation (its select list last, for IN), and the key pairs
-        (outer, inner) and residual condition of its WHERE conjuncts that read ``outer``."""
-        if (
-            not isinstance(query, exp.Select)
-            or _is_aggregate(query)
-            or query.args.get("distinct")
-            or query.args.get("with_")
-        ):
-            return self.query(query, None), [], None
+    def correlated(
+        self, query: exp.Expression, outer: _Scope, kind: str
+    ) -> tuple[Rel, list[tuple[str, str]], str | None]:
+        """A ``kind`` (EXISTS, IN) subquery's relation (its select list last, for IN), and
+        the key pairs (outer, inner) and residual condition of its WHERE conjuncts that
+        read ``outer``.  Only a plain ``SELECT ... FROM ... WHERE`` may read ``outer``."""
+        shape = _shape(query)
+        if shape:
+            fix = (
+                "correlate a subquery without GROUP BY, aggregates, DISTINCT, WITH or set operations "
+                "(EXISTS asks only whether a row exists), or compare with a scalar subquery: x = (SELECT max(y) ...)"
+            )
+            return self.alone(query, outer, f"{kind} subquery with {shape}", "(a correlation)", fix), [], None
         rel = self.from_(query, outer)
         scope = _Scope(rel.cols, outer)
         local, correlated = [], []
@@ -773,6 +787,18 @@ def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
         for n in _outside_subqueries(e)
         if isinstance(n, exp.Subquery) and not (isinstance(n.parent, exp.In) and n.arg_key == "query")
     ]
+
+
+def _shape(query: exp.Expression) -> str | None:
+    """What of a predicate subquery makes it compile on its own, without the columns of
+    its enclosing query (None: it is a plain ``SELECT ... FROM ... WHERE``)."""
+    if not isinstance(query, exp.Select):
+        return query.key.upper()  # UNION, EXCEPT, INTERSECT
+    labels = (("group", "GROUP BY"), ("distinct", "DISTINCT"), ("with_", "WITH"))
+    names = [label for arg, label in labels if query.args.get(arg)]
+    if not names and _is_aggregate(query):
+        names = ["aggregates"]
+    return " and ".join(names) or None
 
 
 def _kind_of(predicate: exp.Expression) -> str:

@@ -127,6 +127,21 @@ def test_compiler_refusals_name_the_construct_seen_and_its_line(spark):
     assert message.startswith("views.sql:4, view 'bad': a scalar subquery that is not an aggregate")
 
 
+def test_a_correlation_of_a_grouped_subquery_is_refused_as_such(spark):
+    """An ``EXISTS``/``IN`` subquery with GROUP BY, aggregates or DISTINCT that reads a
+    column of the enclosing query (Spark's ``exists-aggregate.sql``) is refused as that
+    correlation: it was refused for an "unknown column" that exists."""
+    message = compile_refusal(
+        spark, "SELECT k FROM a\nWHERE EXISTS (SELECT max(x) FROM b\n  WHERE b.k = a.k GROUP BY b.k)"
+    )
+    assert message.startswith(
+        "views.sql:5, view 'bad': EXISTS subquery with GROUP BY reads a.k of an enclosing query (a correlation): "
+        "not supported; correlate a subquery without GROUP BY"
+    )
+    message = compile_refusal(spark, "SELECT k FROM a\nWHERE s NOT IN (SELECT DISTINCT s FROM a a2 WHERE a2.v = a.v)")
+    assert message.startswith("views.sql:4, view 'bad': IN subquery with DISTINCT reads a.v of an enclosing query")
+
+
 def test_nested_in_subqueries_under_a_scalar_one_compile(spark):
     """TPC-H q20's shape: ``IN`` inside an ``IN`` subquery, beside a scalar subquery
     correlated with the middle one, was refused as "unknown column" (a column of the
