@@ -427,8 +427,8 @@ class _Compiler:
         try:
             return self.query(query, None)
         except SqlError as e:
-            column = e.node if isinstance(e.node, exp.Column) else None
-            if column is None or _found(column, outer) is None:
+            column = _outer_reference(e, outer)
+            if column is None:
                 raise
             raise SqlError(
                 f"{construct} reads {column.sql(DIALECT)} of an enclosing query {kind}: not supported; {fix}",
@@ -644,9 +644,19 @@ class _Compiler:
         grouped, values = self.grouped(rel, scope, dict(zip(key_cols, keys)), calls)
         having = node.args.get("having")
         # Scalar subqueries of HAVING and the select list join the groups: uncorrelated only.
-        grouped, with_values = self.with_scalars(
-            grouped, _Scope(grouped.cols), [e for e in [having, *node.expressions] if e is not None], None
-        )
+        try:
+            grouped, with_values = self.with_scalars(
+                grouped, _Scope(grouped.cols), [e for e in [having, *node.expressions] if e is not None], None
+            )
+        except SqlError as e:
+            column = _outer_reference(e, scope)
+            if column is None:
+                raise
+            raise SqlError(
+                f"a scalar subquery in HAVING or beside aggregates reads {column.sql(DIALECT)} of the enclosing "
+                "query: not supported; correlate it in WHERE or in a select list without aggregates",
+                node=column,
+            ) from e
         scope = replace(scope, scalars=with_values.scalars)
         replacements = {**dict(zip(keys, key_cols)), **values}
 
@@ -767,8 +777,9 @@ def _has_subquery(e: exp.Expression) -> bool:
 
 
 def _outside_subqueries(e: exp.Expression) -> Iterator[exp.Expression]:
-    """The nodes of ``e`` but those inside its subqueries (their own scopes)."""
-    return e.walk(prune=lambda n: n is not e and isinstance(n, (exp.Subquery, exp.Exists)))
+    """The nodes of ``e`` but those inside its subqueries (their own scopes); when ``e``
+    is an ``EXISTS``, its query is its subquery (``EXISTS`` holds a bare query)."""
+    return e.walk(prune=lambda n: n is not e and isinstance(n, (exp.Subquery, exp.Exists, exp.Query)))
 
 
 def _predicate_subqueries(e: exp.Expression) -> list[exp.Expression]:
@@ -789,9 +800,18 @@ def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
     ]
 
 
+def _outer_reference(error: SqlError, outer: _Scope | None) -> exp.Column | None:
+    """The column of ``outer`` that ``error`` found unknown, compiling a query without
+    ``outer``'s columns (None: another error)."""
+    column = error.node if isinstance(error.node, exp.Column) else None
+    return column if column is not None and _found(column, outer) is not None else None
+
+
 def _shape(query: exp.Expression) -> str | None:
     """What of a predicate subquery makes it compile on its own, without the columns of
     its enclosing query (None: it is a plain ``SELECT ... FROM ... WHERE``)."""
+    if isinstance(query, exp.Subquery):  # x IN ((SELECT ...))
+        return _shape(query.this) or "parentheses"
     if not isinstance(query, exp.Select):
         return query.key.upper()  # UNION, EXCEPT, INTERSECT
     labels = (("group", "GROUP BY"), ("distinct", "DISTINCT"), ("with_", "WITH"))

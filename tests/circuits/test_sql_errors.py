@@ -140,6 +140,19 @@ def test_a_correlation_of_a_grouped_subquery_is_refused_as_such(spark):
     )
     message = compile_refusal(spark, "SELECT k FROM a\nWHERE s NOT IN (SELECT DISTINCT s FROM a a2 WHERE a2.v = a.v)")
     assert message.startswith("views.sql:4, view 'bad': IN subquery with DISTINCT reads a.v of an enclosing query")
+    message = compile_refusal(spark, "SELECT k FROM a\nWHERE v NOT IN ((SELECT min(x) FROM b WHERE b.k = a.k))")
+    assert message.startswith("views.sql:4, view 'bad': IN subquery with aggregates reads a.k of an enclosing query")
+
+
+def test_a_correlation_of_a_scalar_subquery_in_having_is_refused_as_such(spark):
+    """scalar-subquery-predicate.sql: a scalar subquery in HAVING whose subquery in FROM
+    reads the enclosing query's column was refused for an "unknown column" that exists."""
+    message = compile_refusal(
+        spark, "SELECT k FROM a GROUP BY k\nHAVING k < (SELECT sum(x) FROM (SELECT x FROM b WHERE b.k > a.k) t)"
+    )
+    assert message.startswith(
+        "views.sql:4, view 'bad': a scalar subquery in HAVING or beside aggregates reads a.k of the enclosing query"
+    )
 
 
 def test_nested_in_subqueries_under_a_scalar_one_compile(spark):
