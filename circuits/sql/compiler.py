@@ -27,10 +27,9 @@ from ..circuit import Circuit, Stream
 from ..zset import parse_schema
 from .analyses import Analyses
 from .errors import SqlError
-from .parse import DIALECT, RANKING_FUNCTIONS, View, parse_views, rank_bound, read_tables
+from .parse import AGGREGATES, DIALECT, RANKING_FUNCTIONS, View, parse_views, rank_bound, read_tables
 from .parse import conjuncts as _conjuncts
 
-_AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
 _JOIN_SIDES = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}
 
 
@@ -413,15 +412,26 @@ class _Compiler:
     def derived(self, query: exp.Expression, outer: _Scope | None) -> Rel:
         """A subquery in FROM.  It reads its own tables only: one that reads a column of an
         enclosing query is a lateral join, whose correlation no operator here keeps."""
+        return self.alone(
+            query,
+            outer,
+            "a subquery in FROM",
+            "(a lateral join)",
+            "correlate the enclosing subquery itself, in its WHERE",
+        )
+
+    def alone(self, query: exp.Expression, outer: _Scope | None, construct: str, kind: str, fix: str) -> Rel:
+        """``query`` compiled without the columns of the queries enclosing it (``outer``): a
+        column of theirs that it reads is refused as a correlation of ``construct``, not as
+        an unknown column."""
         try:
             return self.query(query, None)
         except SqlError as e:
-            column = e.node if isinstance(e.node, exp.Column) else None
-            if column is None or _found(column, outer) is None:
+            column = _outer_reference(e, outer)
+            if column is None:
                 raise
             raise SqlError(
-                f"a subquery in FROM reads {column.sql(DIALECT)} of an enclosing query (a lateral join): "
-                "not supported; correlate the enclosing subquery itself, in its WHERE",
+                f"{construct} reads {column.sql(DIALECT)} of an enclosing query {kind}: not supported; {fix}",
                 node=column,
             ) from e
 
@@ -574,7 +584,7 @@ class _Compiler:
         ``q``, keyed by the equalities that correlate ``q`` with ``rel``.  ``NOT IN`` is
         null-aware, as in SQL: a row is kept only if no ``q`` value equals it or is unknown."""
         query = predicate.this if isinstance(predicate, exp.Exists) else predicate.args["query"].this
-        inner, pairs, residual = self.correlated(query, scope)
+        inner, pairs, residual = self.correlated(query, scope, _kind_of(predicate))
         if isinstance(predicate, exp.In):
             single = len(query.expressions) == 1 if isinstance(query, exp.Select) else len(inner.cols) == 1
             if isinstance(predicate.this, exp.Tuple) or not single:
@@ -586,16 +596,19 @@ class _Compiler:
                 pairs = [*pairs, value]
         return self.keyed_join(rel, inner, pairs, residual, "left_anti" if negated else "left_semi")
 
-    def correlated(self, query: exp.Expression, outer: _Scope) -> tuple[Rel, list[tuple[str, str]], str | None]:
-        """A subquery's relation (its select list last, for IN), and the key pairs
-        (outer, inner) and residual condition of its WHERE conjuncts that read ``outer``."""
-        if (
-            not isinstance(query, exp.Select)
-            or _is_aggregate(query)
-            or query.args.get("distinct")
-            or query.args.get("with_")
-        ):
-            return self.query(query, None), [], None
+    def correlated(
+        self, query: exp.Expression, outer: _Scope, kind: str
+    ) -> tuple[Rel, list[tuple[str, str]], str | None]:
+        """A ``kind`` (EXISTS, IN) subquery's relation (its select list last, for IN), and
+        the key pairs (outer, inner) and residual condition of its WHERE conjuncts that
+        read ``outer``.  Only a plain ``SELECT ... FROM ... WHERE`` may read ``outer``."""
+        shape = _shape(query)
+        if shape:
+            fix = (
+                "correlate a subquery without GROUP BY, aggregates, DISTINCT, WITH or set operations "
+                "(EXISTS asks only whether a row exists), or compare with a scalar subquery: x = (SELECT max(y) ...)"
+            )
+            return self.alone(query, outer, f"{kind} subquery with {shape}", "(a correlation)", fix), [], None
         rel = self.from_(query, outer)
         scope = _Scope(rel.cols, outer)
         local, correlated = [], []
@@ -631,9 +644,19 @@ class _Compiler:
         grouped, values = self.grouped(rel, scope, dict(zip(key_cols, keys)), calls)
         having = node.args.get("having")
         # Scalar subqueries of HAVING and the select list join the groups: uncorrelated only.
-        grouped, with_values = self.with_scalars(
-            grouped, _Scope(grouped.cols), [e for e in [having, *node.expressions] if e is not None], None
-        )
+        try:
+            grouped, with_values = self.with_scalars(
+                grouped, _Scope(grouped.cols), [e for e in [having, *node.expressions] if e is not None], None
+            )
+        except SqlError as e:
+            column = _outer_reference(e, scope)
+            if column is None:
+                raise
+            raise SqlError(
+                f"a scalar subquery in HAVING or beside aggregates reads {column.sql(DIALECT)} of the enclosing "
+                "query: not supported; correlate it in WHERE or in a select list without aggregates",
+                node=column,
+            ) from e
         scope = replace(scope, scalars=with_values.scalars)
         replacements = {**dict(zip(keys, key_cols)), **values}
 
@@ -754,8 +777,9 @@ def _has_subquery(e: exp.Expression) -> bool:
 
 
 def _outside_subqueries(e: exp.Expression) -> Iterator[exp.Expression]:
-    """The nodes of ``e`` but those inside its subqueries (their own scopes)."""
-    return e.walk(prune=lambda n: n is not e and isinstance(n, (exp.Subquery, exp.Exists)))
+    """The nodes of ``e`` but those inside its subqueries (their own scopes); when ``e``
+    is an ``EXISTS``, its query is its subquery (``EXISTS`` holds a bare query)."""
+    return e.walk(prune=lambda n: n is not e and isinstance(n, (exp.Subquery, exp.Exists, exp.Query)))
 
 
 def _predicate_subqueries(e: exp.Expression) -> list[exp.Expression]:
@@ -774,6 +798,27 @@ def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
         for n in _outside_subqueries(e)
         if isinstance(n, exp.Subquery) and not (isinstance(n.parent, exp.In) and n.arg_key == "query")
     ]
+
+
+def _outer_reference(error: SqlError, outer: _Scope | None) -> exp.Column | None:
+    """The column of ``outer`` that ``error`` found unknown, compiling a query without
+    ``outer``'s columns (None: another error)."""
+    column = error.node if isinstance(error.node, exp.Column) else None
+    return column if column is not None and _found(column, outer) is not None else None
+
+
+def _shape(query: exp.Expression) -> str | None:
+    """What of a predicate subquery makes it compile on its own, without the columns of
+    its enclosing query (None: it is a plain ``SELECT ... FROM ... WHERE``)."""
+    if isinstance(query, exp.Subquery):  # x IN ((SELECT ...))
+        return _shape(query.this) or "parentheses"
+    if not isinstance(query, exp.Select):
+        return query.key.upper()  # UNION, EXCEPT, INTERSECT
+    labels = (("group", "GROUP BY"), ("distinct", "DISTINCT"), ("with_", "WITH"))
+    names = [label for arg, label in labels if query.args.get(arg)]
+    if not names and _is_aggregate(query):
+        names = ["aggregates"]
+    return " and ".join(names) or None
 
 
 def _kind_of(predicate: exp.Expression) -> str:
@@ -867,10 +912,8 @@ def _group_by(node: exp.Select) -> list[exp.Expression]:
 
 def _aggregate_kind(call: exp.AggFunc) -> tuple[str, exp.Expression | None]:
     """The engine's aggregate for a SQL aggregate call, and its argument (None for ``count(*)``)."""
-    kind = next((k for t, k in _AGGREGATES.items() if type(call) is t), None)
+    kind = AGGREGATES[type(call)]  # the parser refused the others
     argument = call.this
-    if kind is None:
-        raise SqlError(f"not supported: the aggregate {call.sql(DIALECT)}; use count, sum, avg, min or max", node=call)
     if isinstance(argument, exp.Distinct):
         if kind != "count" or len(argument.expressions) != 1:
             raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT one_expression)", node=call)

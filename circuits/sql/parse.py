@@ -62,6 +62,22 @@ _NONDETERMINISTIC = {
     "try_reflect",
     "reflect",
 }
+AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+"""The SQL aggregates the engine maintains, by its ``Agg`` kind of each."""
+_UNPARSED_AGGREGATES = {
+    "every",
+    "some",
+    "any",
+    "std",
+    "try_sum",
+    "try_avg",
+    "histogram_numeric",
+    "count_min_sketch",
+    "hll_sketch_agg",
+    "hll_union_agg",
+}
+"""Spark aggregates that sqlglot reads as plain functions: taken for what they are, an
+aggregate, so that the refusal names them (left as a projection, Spark fails on it)."""
 _CREATE = re.compile(r"\s*CREATE\s+(MATERIALIZED|TEMPORARY)\s+VIEW\b", re.IGNORECASE)
 _HEAD = re.compile(r"\s*CREATE\s+\w+\s+VIEW\s+[\w`]+\s+AS\s", re.IGNORECASE)
 
@@ -156,11 +172,24 @@ def _refuse_unsupported(view: View, statement: str) -> None:
             )
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
+        if reason is None and _lacking_aggregate(node):
+            reason = f"the aggregate {node.sql(DIALECT)} (the engine maintains count, sum, avg, min and max)"
         if reason is not None:
             raise view.error(
                 f"not supported in a maintained view: {reason}; remove it (or compute it downstream)",
                 _line_of(statement, node, view.line),
             )
+
+
+def _lacking_aggregate(node: exp.Expression) -> bool:
+    """``node`` calls an aggregate the engine does not maintain (a window's own function
+    is the window's refusal; ``x = ANY (subquery)`` is a comparison, not the aggregate)."""
+    if isinstance(node.parent, exp.Window):
+        return False
+    if isinstance(node, exp.Any):
+        return not isinstance(node.this, (exp.Subquery, exp.Query))
+    unparsed = isinstance(node, exp.Anonymous) and node.name.lower() in _UNPARSED_AGGREGATES
+    return unparsed or (isinstance(node, exp.AggFunc) and type(node) not in AGGREGATES)
 
 
 RANKING_FUNCTIONS: dict[type[exp.Expression], str] = {

@@ -51,6 +51,20 @@ def test_unsupported_constructs_are_refused_with_view_and_line(query, construct)
     assert construct in message
 
 
+@pytest.mark.parametrize("call", ["every(v)", "some(v)", "any(v)", "bool_and(v)", "bool_or(v)", "std(k)"])
+def test_aggregates_the_engine_lacks_are_refused_as_aggregates(call):
+    """Spark's aggregates that sqlglot reads as plain functions (``every``, ``some``,
+    ``any``, ``std``) are named as aggregates, at parse time: left as a projection, they
+    were refused as "Spark cannot analyse" the compiler's rewrite."""
+    message = refusal(f"CREATE MATERIALIZED VIEW bad AS\n  SELECT k, {call} AS b FROM a GROUP BY k;")
+    assert message.lower().startswith(
+        f"views.sql:2, view 'bad': not supported in a maintained view: the aggregate {call}"
+    )
+    assert "count, sum, avg, min and max" in message
+    # ``x = ANY (subquery)`` is a comparison, not the aggregate
+    parse_views("CREATE MATERIALIZED VIEW ok AS SELECT k FROM a WHERE k = ANY (SELECT k FROM b);", "views.sql")
+
+
 def test_other_statements_are_refused():
     message = refusal("CREATE TABLE t (k int);")
     assert message.startswith("views.sql:1:") and "CREATE MATERIALIZED VIEW" in message
@@ -111,6 +125,34 @@ def test_compiler_refusals_name_the_construct_seen_and_its_line(spark):
     assert message.startswith("views.sql:4, view 'bad': EXISTS subquery in the select list or HAVING")
     message = compile_refusal(spark, "SELECT k FROM a\nWHERE v > (SELECT x\n  FROM b)")
     assert message.startswith("views.sql:4, view 'bad': a scalar subquery that is not an aggregate")
+
+
+def test_a_correlation_of_a_grouped_subquery_is_refused_as_such(spark):
+    """An ``EXISTS``/``IN`` subquery with GROUP BY, aggregates or DISTINCT that reads a
+    column of the enclosing query (Spark's ``exists-aggregate.sql``) is refused as that
+    correlation: it was refused for an "unknown column" that exists."""
+    message = compile_refusal(
+        spark, "SELECT k FROM a\nWHERE EXISTS (SELECT max(x) FROM b\n  WHERE b.k = a.k GROUP BY b.k)"
+    )
+    assert message.startswith(
+        "views.sql:5, view 'bad': EXISTS subquery with GROUP BY reads a.k of an enclosing query (a correlation): "
+        "not supported; correlate a subquery without GROUP BY"
+    )
+    message = compile_refusal(spark, "SELECT k FROM a\nWHERE s NOT IN (SELECT DISTINCT s FROM a a2 WHERE a2.v = a.v)")
+    assert message.startswith("views.sql:4, view 'bad': IN subquery with DISTINCT reads a.v of an enclosing query")
+    message = compile_refusal(spark, "SELECT k FROM a\nWHERE v NOT IN ((SELECT min(x) FROM b WHERE b.k = a.k))")
+    assert message.startswith("views.sql:4, view 'bad': IN subquery with aggregates reads a.k of an enclosing query")
+
+
+def test_a_correlation_of_a_scalar_subquery_in_having_is_refused_as_such(spark):
+    """scalar-subquery-predicate.sql: a scalar subquery in HAVING whose subquery in FROM
+    reads the enclosing query's column was refused for an "unknown column" that exists."""
+    message = compile_refusal(
+        spark, "SELECT k FROM a GROUP BY k\nHAVING k < (SELECT sum(x) FROM (SELECT x FROM b WHERE b.k > a.k) t)"
+    )
+    assert message.startswith(
+        "views.sql:4, view 'bad': a scalar subquery in HAVING or beside aggregates reads a.k of the enclosing query"
+    )
 
 
 def test_nested_in_subqueries_under_a_scalar_one_compile(spark):

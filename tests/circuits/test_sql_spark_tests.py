@@ -9,7 +9,8 @@ import pytest
 
 from circuits.sql import SqlError, compile_sql
 
-from .test_sql import SCHEMAS, equals_spark_batch
+from .harness import at_every_worker_count, insert_delete_steps
+from .test_sql import SCHEMAS, a_rows, b_rows, equals_spark_batch
 
 STEPS = [
     {"a": [(1, 2, "a", 1), (1, 3, "a", 1), (None, 1, None, 1), (2, None, "b", 2)], "b": [(1, 1, 0.5, 1)]},
@@ -42,3 +43,22 @@ def test_a_subquery_in_from_reading_an_enclosing_query_is_refused(spark, query):
     """A lateral join: refused at compile time, naming the column, not failed at a step."""
     with pytest.raises(SqlError, match=r"a subquery in FROM reads a\.k of an enclosing query \(a lateral join\)"):
         compile_sql(f"CREATE MATERIALIZED VIEW v AS {query};", SCHEMAS, spark)
+
+
+NESTED_EXISTS = """
+CREATE MATERIALIZED VIEW nested_exists AS
+  SELECT k, s FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND EXISTS (SELECT 1 FROM a a2 WHERE a2.v = b.x));
+CREATE MATERIALIZED VIEW nested_not_exists AS
+  SELECT k, v FROM a
+  WHERE NOT EXISTS (SELECT x FROM b WHERE b.k = a.k AND NOT EXISTS (SELECT s FROM a a2 WHERE a2.v = b.x AND a2.s = 'a'));
+"""
+
+
+@at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
+def test_an_exists_subquery_in_an_exists_subquery(spark, workers, steps):
+    """exists-basic.sql: ``EXISTS`` in the WHERE of a correlated ``EXISTS`` subquery,
+    correlated with that subquery, is a semi (anti) join inside it, as ``IN`` in ``IN``
+    is (it was refused for an "unknown column" of the inner subquery)."""
+    circuit = compile_sql(NESTED_EXISTS, SCHEMAS, spark)
+    equals_spark_batch(spark, NESTED_EXISTS, circuit, STEPS, workers)
+    equals_spark_batch(spark, NESTED_EXISTS, circuit, steps, workers)
