@@ -453,7 +453,10 @@ class Runner:
                 sizes.append(sum(rows.values()))
                 got = Counter({row: w for row, w in produced[name].items() if w})
                 if got != rows:
-                    return "mismatch", f"step {t}, view {name}: missing {dict(rows - got)}, extra {dict(got - rows)}"
+                    return "mismatch", (
+                        f"step {t}, view {name}: missing {dict(rows - got)}, extra {dict(got - rows)}\n"
+                        f"    the oracle ran: {self.oracle({n: s for n, _, s in _views(query.views)}[name])}"
+                    )
         return "match", f"rows at each step {sizes}"
 
     def batch(self, query: Query, integrated: dict[str, Counter]) -> dict[str, Counter]:
@@ -461,15 +464,19 @@ class Runner:
         self._tables({name: list(integrated.get(name, Counter()).elements()) for name in self.schemas})
         results = {}
         for name, materialized, select in _views(query.views):
-            frame = self.spark.sql(select)
-            try:
-                frame = self.spark.sql(tie_broken(select, len(frame.columns)))
-            except sqlglot.errors.ParseError:
-                pass  # not sqlglot's Spark SQL, so not compiled: it has no tie the engine breaks
+            frame = self.spark.sql(self.oracle(select))
             frame.createOrReplaceTempView(name)
             if materialized:
                 results[name] = Counter(tuple(r) for r in frame.collect())
         return results
+
+    def oracle(self, select: str) -> str:
+        """The text Spark batch SQL runs for a view's ``select``: with the engine's tie-break
+        (printed at a mismatch, so that a report shows which oracle it was checked against)."""
+        try:
+            return tie_broken(select, len(self.spark.sql(select).columns))
+        except sqlglot.errors.ParseError:
+            return select  # not sqlglot's Spark SQL, so not compiled: it has no tie the engine breaks
 
     def _tables(self, rows: dict[str, list[tuple]]) -> None:
         for name, schema in self.schemas.items():
