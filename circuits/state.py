@@ -36,6 +36,11 @@ def pack(parts: dict[str, DataFrame]) -> DataFrame:
     return add(*branches, allow_missing=True)
 
 
+def packed_columns(count: int) -> list[str]:
+    """The columns of :func:`pack` over ``count`` parts."""
+    return [DEST, *map(part_column, range(count))]
+
+
 def part_column(i: int) -> str:
     """The struct column of part ``i`` in :func:`pack`."""
     return f"_d{i}"

@@ -26,13 +26,12 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from circuits.spark import map_in_arrow
-from circuits.state import FILE
-from circuits.zset import add, empty_like
+from circuits.state import DEST, FILE, pack, packed_columns, part_column
+from circuits.zset import empty_like
 
 from .errors import CorruptTableError, StaleWriterError, StorageError
 from .tables import TABLE_CONFIG, ensure_table, open_table
@@ -47,8 +46,6 @@ FILES_SCHEMA = T.StructType(
     ]
 )
 """What a writer task reports per file (a StructType: a DDL string is a round trip to Spark to parse)."""
-ROW = "_row"
-"""The struct column of a table's rows that its writer is sent."""
 
 
 def arrow_schema(schema: T.StructType) -> pa.Schema:
@@ -99,30 +96,44 @@ def cut(data: pa.Table, order: tuple[str, ...], rows: int) -> list[pa.Table]:
     return [ordered.slice(start, rows) for start in range(0, ordered.num_rows, rows)]
 
 
-def _writer(dest: int, target: Target) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The executor side for table ``dest``: split a partition of its rows (one struct
-    column, :data:`ROW`) by :data:`FILE` where the rows have it, write each piece into the
-    table directory as one Parquet file, or as several cut by the target's order (see
-    :func:`cut`), and return the files' descriptions."""
-    described_schema = to_arrow_schema(FILES_SCHEMA)
+def _writer(targets: dict[int, Target]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executor side: split a partition of packed rows by destination (and by
+    :data:`FILE` where a destination has it), write each piece into its table directory
+    as one Parquet file, or as several cut by the target's order (see :func:`cut`), and
+    return the files' descriptions."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        pieces: dict[object, list[pa.Table]] = {}
+        pieces: dict[tuple[int, object], list[pa.Table]] = {}
         for batch in batches:
-            rows = batch.column(ROW)
-            flat = pa.Table.from_arrays(rows.flatten(), names=[f.name for f in rows.type])
-            files = flat.column(FILE) if FILE in flat.column_names else None
-            for key in [None] if files is None else pc.unique(files).to_pylist():
-                piece = flat if files is None else flat.filter(pc.equal(files, key)).drop_columns([FILE])
-                pieces.setdefault(key, []).append(piece.select(target.schema.names).cast(target.schema))
+            dests = batch.column(DEST)
+            for dest in pc.unique(dests).to_pylist():
+                rows = batch.filter(pc.equal(dests, dest)).column(part_column(dest))
+                flat = pa.Table.from_arrays(rows.flatten(), names=[f.name for f in rows.type])
+                files = flat.column(FILE) if FILE in flat.column_names else None
+                for key in [None] if files is None else pc.unique(files).to_pylist():
+                    piece = flat if files is None else flat.filter(pc.equal(files, key)).drop_columns([FILE])
+                    schema = targets[dest].schema
+                    pieces.setdefault((dest, key), []).append(piece.select(schema.names).cast(schema))
         described = []
-        for key, tables in pieces.items():
+        for (dest, key), tables in pieces.items():
+            target = targets[dest]
             for data in cut(pa.concat_tables(tables), target.order, target.rows):
                 name = file_name(key)
-                path = os.path.join(target.uri, name)
-                pq.write_table(data, path)
-                described.append((dest, name, os.path.getsize(path), data.num_rows, _stats(data)))
-        yield pa.RecordBatch.from_pylist([dict(zip(FILES_SCHEMA.names, d)) for d in described], schema=described_schema)
+                pq.write_table(data, os.path.join(target.uri, name))
+                size = os.path.getsize(os.path.join(target.uri, name))
+                described.append((dest, name, size, data.num_rows, _stats(data)))
+        yield pa.RecordBatch.from_pylist(
+            [dict(zip(("dest", "path", "size", "rows", "stats"), d)) for d in described],
+            schema=pa.schema(
+                [
+                    ("dest", pa.int32()),
+                    ("path", pa.string()),
+                    ("size", pa.int64()),
+                    ("rows", pa.int64()),
+                    ("stats", pa.string()),
+                ]
+            ),
+        )
 
     return write
 
@@ -173,15 +184,9 @@ def write_tables(
         # reading it from the Delta log saves a round trip to Spark.
         schema = ensured_schema(uri, lambda df=df: arrow_schema(df.drop(FILE).schema))
         targets[i] = Target(uri, schema, orders.get(name, ()), rows)
-    # A writer per table, their descriptions united: still one job, whose shared shuffles
-    # run once, and each writer is sent only its table's columns (one union of every
-    # table's columns, mostly null, costs a large step most of its time converting them).
-    writers = [
-        map_in_arrow(parts[name][1].select(F.struct("*").alias(ROW)), _writer(i, targets[i]), FILES_SCHEMA, [ROW])
-        for i, name in enumerate(names)
-    ]
+    packed = pack({name: df for name, (_, df) in parts.items()})
     try:
-        described = add(*writers).collect()
+        described = map_in_arrow(packed, _writer(targets), FILES_SCHEMA, packed_columns(len(names))).collect()
     except Exception as e:
         raise StorageError(f"writing tables {sorted(names)} failed: {e}") from e
     now = int(time.time() * 1000)
