@@ -12,7 +12,7 @@ and types.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -424,16 +424,10 @@ class _Compiler:
         """``query`` compiled without the columns of the queries enclosing it (``outer``): a
         column of theirs that it reads is refused as a correlation of ``construct``, not as
         an unknown column."""
-        try:
+        with _correlation_refused(
+            outer, lambda c: f"{construct} reads {c} of an enclosing query {kind}: not supported; {fix}"
+        ):
             return self.query(query, None)
-        except SqlError as e:
-            column = _outer_reference(e, outer)
-            if column is None:
-                raise
-            raise SqlError(
-                f"{construct} reads {column.sql(DIALECT)} of an enclosing query {kind}: not supported; {fix}",
-                node=column,
-            ) from e
 
     def table(self, name: str) -> Rel:
         for ctes in reversed(self.ctes):
@@ -644,19 +638,14 @@ class _Compiler:
         grouped, values = self.grouped(rel, scope, dict(zip(key_cols, keys)), calls)
         having = node.args.get("having")
         # Scalar subqueries of HAVING and the select list join the groups: uncorrelated only.
-        try:
+        refusal = (
+            "a scalar subquery in HAVING or beside aggregates reads {} of the enclosing query: not supported; "
+            "correlate it in WHERE or in a select list without aggregates"
+        )
+        with _correlation_refused(scope, refusal.format):
             grouped, with_values = self.with_scalars(
                 grouped, _Scope(grouped.cols), [e for e in [having, *node.expressions] if e is not None], None
             )
-        except SqlError as e:
-            column = _outer_reference(e, scope)
-            if column is None:
-                raise
-            raise SqlError(
-                f"a scalar subquery in HAVING or beside aggregates reads {column.sql(DIALECT)} of the enclosing "
-                "query: not supported; correlate it in WHERE or in a select list without aggregates",
-                node=column,
-            ) from e
         scope = replace(scope, scalars=with_values.scalars)
         replacements = {**dict(zip(keys, key_cols)), **values}
 
@@ -800,11 +789,18 @@ def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
     ]
 
 
-def _outer_reference(error: SqlError, outer: _Scope | None) -> exp.Column | None:
-    """The column of ``outer`` that ``error`` found unknown, compiling a query without
-    ``outer``'s columns (None: another error)."""
-    column = error.node if isinstance(error.node, exp.Column) else None
-    return column if column is not None and _found(column, outer) is not None else None
+@contextmanager
+def _correlation_refused(outer: _Scope | None, refusal: Callable[[str], str]) -> Iterator[None]:
+    """Compiling a query without ``outer``'s columns: a column of ``outer`` it reads, found
+    unknown, is refused as a correlation, with ``refusal(the column's SQL)``, rather than
+    as an unknown column; any other error passes."""
+    try:
+        yield
+    except SqlError as e:
+        column = e.node if isinstance(e.node, exp.Column) else None
+        if column is None or _found(column, outer) is None:
+            raise
+        raise SqlError(refusal(column.sql(DIALECT)), node=column) from e
 
 
 def _shape(query: exp.Expression) -> str | None:
