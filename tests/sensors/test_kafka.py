@@ -47,6 +47,16 @@ def test_parallel_producers_send_every_record_once(client, new_topic):
     assert sum(high for _low, high in client.offsets([topic]).values()) == 1_001
 
 
+def test_every_record_parallel_producers_acknowledged_is_below_the_high_watermarks(client, new_topic):
+    # The demo cuts a step at the high watermarks right after its producers return: a record
+    # acknowledged but above them would fall into the next step.
+    topic = new_topic(4)
+    produced = 0
+    for round_ in range(200):
+        produced += client.produce_parallel(topic, [b"%d-%d" % (round_, i) for i in range(8)], 4)
+        assert sum(high for _low, high in client.offsets([topic]).values()) == produced, f"round {round_}"
+
+
 @pytest.mark.slow
 def test_a_produce_that_stops_progressing_reports_what_was_acknowledged():
     with LocalBroker() as local:
