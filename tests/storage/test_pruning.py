@@ -234,6 +234,22 @@ def test_the_lookups_of_a_circuit_layer_collect_their_keys_with_one_query(spark,
     assert +counts == {(1, 1): 1, (2, 4): 1, (3, 4): 1, (4, 1): 1}
 
 
+def test_a_compaction_by_a_fresh_pipeline_cuts_the_trace_files_by_the_lookup_keys_the_state_records(
+    spark, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
+    monkeypatch.setattr(database, "CLUSTER_ROWS", 2, raising=False)  # a unit's file of 100 keys is cut
+    layouts = []
+    for fresh in (False, True):
+        root = str(tmp_path / f"fresh-{fresh}")
+        pipeline = _join_step(spark, root, 0, list(range(100)), [1000])
+        # Another process (the CLI's `dbsp compact`) has run no step: its store saw no lookup.
+        (pipeline if not fresh else Pipeline(spark, root, _join(), workers=2)).compact()
+        layouts.append(sorted(_bounds(root, "left").values()))
+        assert max(_file_rows(root, "left")) <= 2
+    assert layouts[0] == layouts[1]
+
+
 def _trace_name(root: str, side: str) -> str:
     (name,) = [n for n in os.listdir(os.path.join(root, "state")) if n.endswith(f".{side}")]
     return name
