@@ -123,59 +123,95 @@ class Circuit:
         is reported with its operator (over Spark Connect, plans are analysed only when
         Spark is asked about them), and ``step.schemas`` records its schema.  With the
         schemas known, planning asks Spark nothing about them, and a node that is empty
-        this step is a leaf of no rows instead of its operator's plan."""
-        deltas: dict[int, DataFrame] = {}
-        append_only: dict[int, bool] = {}
-        empty: dict[int, bool] = {}
+        this step is a leaf of no rows instead of its operator's plan.
+
+        The nodes are planned layer by layer: a lookup into a large trace needs its keys
+        collected first (see :meth:`NodeContext.lookup`), and the lookups of the nodes
+        whose inputs are planned collect theirs together, with one Spark job."""
+        flags = self._flags(step)
         consumers = Counter(i for node in self.nodes for i in node.inputs)
-        for node in self.nodes:
-            inputs_append_only = bool(node.inputs) and all(append_only[i] for i in node.inputs)
-            is_input = isinstance(node.operator, ops.Input)
-            append_only[node.id] = (
-                node.operator.handle in step.append_only
-                if is_input
-                else node.operator.keeps_append_only and inputs_append_only
-            )
-            empty[node.id] = (
-                node.operator.handle in step.empty_inputs
-                if is_input
-                else node.operator.zero_preserving and all(empty[i] for i in node.inputs)
-            )
-            known = step.schemas.get(node.id)
-            if empty[node.id] and known is not None and not analyze:
-                deltas[node.id] = nothing(step.spark, known)
-                continue
-            try:
-                schemas = (
-                    tuple(step.schemas[i] for i in node.inputs) if all(i in step.schemas for i in node.inputs) else None
-                )
-                ctx = NodeContext(
-                    step, node.label, inputs_append_only, empty[node.id], schemas, tuple(empty[i] for i in node.inputs)
-                )
-                delta = node.operator.evaluate(ctx, *(deltas[i] for i in node.inputs))
-                if analyze:
-                    # Any question about the plan makes Spark analyse it (not .schema alone: a
-                    # Connect client answers that from the parent's where it cannot change, as
-                    # for a filter).
-                    delta.isLocal()
-                    step.schemas[node.id] = delta.schema
-                # Spark plans are trees: a delta read by several operators, or produced by a
-                # stateful one (whose plan is large) and read by another (which may read its
-                # input in several terms), is shared so that later plans refer to it instead of
-                # copying its whole subtree.  An output no operator reads is only written: no copy.
-                if consumers[node.id] > 1 or (node.operator.stateful and consumers[node.id]):
-                    delta = ctx.share(delta)
-                deltas[node.id] = delta
-            except (AnalysisException, ExpressionError) as e:
-                reason = str(e).strip().splitlines()[0]
-                raise ExpressionError(
-                    f"operator '{node.operator.name}' ({node.label}) of circuit {self.name!r}, declared at "
-                    f"{node.site}: {reason}"
-                ) from e
+        deltas: dict[int, DataFrame] = {}
+        while True:
+            for node in self.nodes:
+                if node.id not in deltas and all(i in deltas for i in node.inputs):
+                    inputs = [deltas[i] for i in node.inputs]
+                    delta = self._plan_node(step, node, inputs, flags, consumers[node.id], analyze)
+                    if delta is not None:
+                        deltas[node.id] = delta
+            if len(deltas) == len(self.nodes):
+                break
+            step.collect_keys()
         return {
             name: deltas[node] if self._consolidated(node) else consolidate(deltas[node])
             for name, node in self.outputs.items()
         }
+
+    def _flags(self, step: StepContext) -> tuple[dict[int, bool], dict[int, bool]]:
+        """Per node, whether every input stream of it has only ever inserted rows, and
+        whether its delta is known to be empty this step."""
+        append_only: dict[int, bool] = {}  # of each node's own delta
+        inputs_append_only: dict[int, bool] = {}
+        empty: dict[int, bool] = {}
+        for node in self.nodes:
+            inputs_append_only[node.id] = bool(node.inputs) and all(append_only[i] for i in node.inputs)
+            if isinstance(node.operator, ops.Input):
+                append_only[node.id] = node.operator.handle in step.append_only
+                empty[node.id] = node.operator.handle in step.empty_inputs
+            else:
+                append_only[node.id] = node.operator.keeps_append_only and inputs_append_only[node.id]
+                empty[node.id] = node.operator.zero_preserving and all(empty[i] for i in node.inputs)
+        return inputs_append_only, empty
+
+    def _plan_node(
+        self,
+        step: StepContext,
+        node: Node,
+        inputs: list[DataFrame],
+        flags: tuple[dict[int, bool], dict[int, bool]],
+        consumers: int,
+        analyze: bool,
+    ) -> DataFrame | None:
+        """The delta of ``node`` over its inputs' deltas ``inputs``, or None: a lookup of the
+        node waits for keys to be collected, and what it staged is dropped."""
+        inputs_append_only, empty = flags
+        known = step.schemas.get(node.id)
+        if empty[node.id] and known is not None and not analyze:
+            return nothing(step.spark, known)
+        try:
+            schemas = (
+                tuple(step.schemas[i] for i in node.inputs) if all(i in step.schemas for i in node.inputs) else None
+            )
+            ctx = NodeContext(
+                step,
+                node.label,
+                inputs_append_only[node.id],
+                empty[node.id],
+                schemas,
+                tuple(empty[i] for i in node.inputs),
+            )
+            delta = node.operator.evaluate(ctx, *inputs)
+            if ctx.deferred:
+                step.unstage(node.label)
+                return None
+            if analyze:
+                # Any question about the plan makes Spark analyse it (not .schema alone: a
+                # Connect client answers that from the parent's where it cannot change, as
+                # for a filter).
+                delta.isLocal()
+                step.schemas[node.id] = delta.schema
+            # Spark plans are trees: a delta read by several operators, or produced by a
+            # stateful one (whose plan is large) and read by another (which may read its
+            # input in several terms), is shared so that later plans refer to it instead of
+            # copying its whole subtree.  An output no operator reads is only written: no copy.
+            if consumers > 1 or (node.operator.stateful and consumers):
+                delta = ctx.share(delta)
+            return delta
+        except (AnalysisException, ExpressionError) as e:
+            reason = str(e).strip().splitlines()[0]
+            raise ExpressionError(
+                f"operator '{node.operator.name}' ({node.label}) of circuit {self.name!r}, declared at "
+                f"{node.site}: {reason}"
+            ) from e
 
     def _consolidated(self, node_id: int) -> bool:
         node = self.nodes[node_id]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -12,9 +13,21 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from .sharding import PART, VNODE, exchange, part_of, with_vnode
-from .state import StateStore
+from .state import DEST, StateStore, pack, part_column
 from .vnodes import Layout
 from .zset import consolidate, empty_like, nothing
+
+
+@dataclass
+class Asked:
+    """The keys a lookup into a large trace reads it by: a frame of them (shared, so that
+    computing them for the collection also serves the lookup's broadcast), and their values
+    per key column once collected (see :meth:`StepContext.collect_keys`)."""
+
+    frame: DataFrame
+    keys: tuple[str, ...]
+    null_safe: bool
+    values: dict[str, pa.Array] | None = None
 
 
 @dataclass
@@ -39,6 +52,8 @@ class StepContext:
     :meth:`circuits.circuit.Circuit.check`)."""
     staged: dict[str, DataFrame] = field(default_factory=dict)
     shared: list[DataFrame] = field(default_factory=list)
+    asked: dict[str, Asked] = field(default_factory=dict)
+    """The keys of the step's lookups into large traces, by lookup (see :meth:`NodeContext.lookup`)."""
 
     def route(self, df: DataFrame, *, scanned: bool = False) -> DataFrame:
         """``df`` (which has a :data:`VNODE` column) with its routing columns, on the worker
@@ -78,6 +93,23 @@ class StepContext:
         self.shared.append(cut)
         return cut.coalesce(1) if self.single else cut
 
+    def unstage(self, label: str) -> None:
+        """Forgets what node ``label`` staged: it is planned again."""
+        for table in [t for t in self.staged if t.startswith(f"{label}.")]:
+            del self.staged[table]
+
+    def collect_keys(self) -> None:
+        """Collects the values of every asked lookup's keys not collected yet with one Spark
+        job: the lookups of one circuit layer (nodes whose inputs were ready together) pay
+        one round trip, not one each."""
+        asked = [a for a in self.asked.values() if a.values is None]
+        frames = {str(i): a.frame.select(*_key_columns(len(a.keys))) for i, a in enumerate(asked)}
+        collected = pack(frames).toArrow()
+        for i, a in enumerate(asked):
+            rows = collected.filter(pc.equal(collected.column(DEST), i)).column(part_column(i)).combine_chunks()
+            values = {k: pc.unique(rows.field(j)) for j, k in enumerate(a.keys)}
+            a.values = values if a.null_safe else {k: v.drop_null() for k, v in values.items()}
+
     def release(self) -> None:
         """Drops the step's shared frames.  Over Spark Connect, the last reference to a
         checkpointed frame going away frees it on the server; in a classic session, the
@@ -105,6 +137,11 @@ class NodeContext:
     """Which of the node's input deltas are known to be empty this step (fed only by empty
     inputs): an operator may leave out the terms they contribute nothing to, which Spark
     would otherwise analyse and optimize away on every step."""
+    deferred: bool = False
+    """A lookup of the node asked for keys that are not collected yet: what the node plans
+    is dropped, and it is planned again once its layer's keys are collected."""
+    looked_up: Counter = field(default_factory=Counter)
+    """Lookups planned so far, by trace: names a lookup the same in every planning."""
 
     def is_empty(self, i: int) -> bool:
         """Whether input ``i``'s delta is known to be empty this step."""
@@ -127,8 +164,9 @@ class NodeContext:
 
     def share(self, df: DataFrame) -> DataFrame:
         """See :meth:`StepContext.share`: for a frame the node reads in several terms, each
-        of which would otherwise compute it again (a lookup: broadcast its keys, scan the trace)."""
-        return self.step.share(df, self.empty)
+        of which would otherwise compute it again (a lookup: broadcast its keys, scan the trace).
+        A :attr:`deferred` node's frames are dropped: they are not computed."""
+        return df if self.deferred else self.step.share(df, self.empty)
 
     def keyed(self, df: DataFrame, keys: Sequence[str]) -> DataFrame:
         """``df`` with the vnode of ``keys``, routed to the worker owning it."""
@@ -166,6 +204,10 @@ class NodeContext:
         :meth:`~circuits.state.StateStore.is_small`).  ``null_safe`` makes null keys equal
         (grouping semantics); otherwise null keys match nothing (join semantics).  The
         result carries the routing columns and sits on the owning workers.
+
+        A lookup into a large trace may find no rows while its keys are collected (see
+        :attr:`deferred`): an operator must not compute a lookup's ``probe`` from another
+        lookup's result.
         """
         table, store = self.table(suffix), self.step.store
         store.looked_up_by(table, keys)
@@ -189,18 +231,33 @@ class NodeContext:
         # to their owners, never the whole trace.  Consolidating with the partition column
         # among the keys then keeps the rows where the exchange put them.
         wanted = wanted.drop("_p_part")
-        if store.prunes(table):
-            # Spark cannot skip a file by a broadcast's values; the store can, by the
-            # files' statistics, once it has them.  The keys are computed once, for the
-            # collection and the broadcast both.
-            wanted = self.step.share(wanted, False)
-            trace = store.scan_keys(table, _key_values(wanted, keys, null_safe))
-        else:
-            trace = store.scan(table)
+        trace, wanted = self._large(table, wanted, keys, null_safe)
         if trace is None:
             return self.keyed_empty(template)
         matched = trace.join(F.broadcast(wanted), _matching(trace, wanted, keys, null_safe), "left_semi")
         return consolidate(self.step.route(matched, scanned=True), routed=True)
+
+    def _large(
+        self, table: str, wanted: DataFrame, keys: Sequence[str], null_safe: bool
+    ) -> tuple[DataFrame | None, DataFrame]:
+        """What a lookup of ``wanted``'s keys reads of large trace ``table``, and the keys
+        to broadcast.  Spark cannot skip a file by a broadcast's values; the store can, by
+        the files' statistics (:meth:`~circuits.state.StateStore.scan_keys`), once the keys
+        are collected.  Their collection is asked for here and made by the circuit for
+        every lookup of a layer at once (see :meth:`StepContext.collect_keys`): until then,
+        the node is :attr:`deferred` and the lookup finds no rows, which only stands in."""
+        store = self.step.store
+        if not store.prunes(table):
+            return store.scan(table), wanted
+        lookup = f"{table}#{self.looked_up[table]}"
+        self.looked_up[table] += 1
+        asked = self.step.asked.get(lookup)
+        if asked is None:
+            asked = self.step.asked[lookup] = Asked(self.step.share(wanted, False), tuple(keys), null_safe)
+        if asked.values is None:
+            self.deferred = True
+            return None, asked.frame
+        return store.scan_keys(table, asked.values), asked.frame
 
     def keyed_empty(self, template: DataFrame) -> DataFrame:
         """A lookup result with no rows, routed like any other: frames that mix it with
@@ -210,12 +267,9 @@ class NodeContext:
         return self.step.route(empty_like(template))
 
 
-def _key_values(wanted: DataFrame, keys: Sequence[str], null_safe: bool) -> dict[str, pa.Array]:
-    """The distinct values of each of ``keys`` in ``wanted`` (a lookup's probe), collected
-    to the client; nulls among them only where null keys match."""
-    collected = wanted.select(*[f"_p_{i}" for i in range(len(keys))]).toArrow()
-    values = {k: pc.unique(collected.column(i)) for i, k in enumerate(keys)}
-    return values if null_safe else {k: v.drop_null() for k, v in values.items()}
+def _key_columns(count: int) -> list[str]:
+    """The key columns of a lookup's probe (see :meth:`NodeContext.lookup`)."""
+    return [f"_p_{i}" for i in range(count)]
 
 
 def _matching(trace: DataFrame, wanted: DataFrame, keys: Sequence[str], null_safe: bool) -> Column:

@@ -85,8 +85,14 @@ holds them, not one file per worker whose bounds span every key.  At 10M events 
 demo's state, q15's values traces (a day's bidders and auctions) are 37 MB, a step's keys
 one day of about twelve: cut, the step reads that day's files.  Small enough that a day
 spans a few files, large enough that a trace of 10M rows stays about 40 files.  Compaction
-and a relayout cut the files they rewrite the same way when this store has seen the
-trace's lookups (a step ran); else they write a file per unit."""
+and a relayout cut the files they rewrite the same way, by the keys the state records
+(see :data:`LOOKUP_KEYS`); a trace no step has looked up yet gets a file per unit."""
+
+
+LOOKUP_KEYS = "lookup_keys"
+"""The checkpoint's record of the key columns each trace is looked up by (see
+:meth:`DeltaStateStore.looked_up_by`): kept with the state, so that a compaction or a
+relayout run by a process that ran no step (the CLI's) cuts the files it writes by them."""
 
 
 class DeltaStateStore(StateStore):
@@ -147,6 +153,7 @@ class DeltaStateStore(StateStore):
         pinned = json.loads(record["tables"]) if record else {}
         self._step = record["step"] if record else 0
         self._meta = json.loads(record["meta"]) if record else {}
+        self._orders = {table: tuple(keys) for table, keys in json.loads(self._meta.get(LOOKUP_KEYS, "{}")).items()}
         if not restore:
             self._version, self._tables = None, pinned
             return
@@ -252,8 +259,11 @@ class DeltaStateStore(StateStore):
         return table in self._tables and not self.is_small(table)
 
     def looked_up_by(self, table: str, keys: Sequence[str]) -> None:
-        """The first keys a trace is looked up by order its large writes (see :data:`CLUSTER_ROWS`)."""
-        self._orders.setdefault(table, tuple(keys))
+        """The first keys a trace is looked up by order its large writes (see :data:`CLUSTER_ROWS`),
+        and are recorded with the next checkpoint (see :data:`LOOKUP_KEYS`)."""
+        if table not in self._orders:
+            self._orders[table] = tuple(keys)
+            self._meta[LOOKUP_KEYS] = json.dumps(self._orders, sort_keys=True)
 
     def scan_keys(self, table: str, keys: Mapping[str, pa.Array]) -> DataFrame | None:
         """The trace's files whose statistics admit the keys (see :func:`may_hold`)."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from contextlib import contextmanager
 
 import pyarrow as pa
 import pytest
 
-from circuits import Circuit, from_rows
+from circuits import Circuit, agg, from_rows
 from circuits.library import nexmark_circuit
 from storage import database
 from storage.database import may_hold
@@ -50,8 +51,7 @@ def _join():
 
 def _bounds(root: str, side: str) -> dict[str, tuple[int, int]]:
     """Every file of the join's trace of ``side`` (by name) with its keys' min and max."""
-    (name,) = [n for n in os.listdir(os.path.join(root, "state")) if n.endswith(f".{side}")]
-    adds = add_actions(open_table(os.path.join(root, "state", name)))
+    adds = add_actions(open_table(os.path.join(root, "state", _trace_name(root, side))))
     lows, highs = adds.column("min.k").to_pylist(), adds.column("max.k").to_pylist()
     return dict(zip(adds.column("path").to_pylist(), zip(lows, highs, strict=True), strict=True))
 
@@ -167,3 +167,96 @@ def test_a_large_write_is_cut_into_files_by_the_lookup_key_and_a_lookup_reads_on
     assert set(read) & set(bounds) == admitting
     joined = [(r["k"], r["a"], r["b"], r["_weight"]) for r in pipeline.read_outputs("joined", 0, 1).collect()]
     assert joined == [(37, 0, 1, 1)]
+
+
+@contextmanager
+def _queries(spark):
+    """Counts the queries (requests for rows, each a Spark job or more) ``spark`` sends its
+    Spark Connect server in the block; commands, such as a frame's checkpoint, are not."""
+    if not hasattr(spark, "client"):
+        pytest.skip("counts Spark Connect requests")
+    stub = spark.client._stub
+    execute, counted = stub.ExecutePlan, Counter()
+
+    def recorded(request, *args, **kwargs):
+        counted[request.plan.WhichOneof("op_type")] += 1
+        return execute(request, *args, **kwargs)
+
+    stub.ExecutePlan = recorded
+    try:
+        yield counted
+    finally:
+        stub.ExecutePlan = execute
+
+
+def _layered():
+    """Three lookups into large traces in one layer (the join's two sides, the distinct's
+    trace), and one in the next (the count's groups, keyed by the join's output)."""
+    circuit = Circuit("layers")
+    left = circuit.input("left", "k bigint, a bigint")
+    right = circuit.input("right", "k bigint, b bigint")
+    joined = left.join(right, "k")
+    joined.output("joined")
+    left.distinct().output("distinct")
+    joined.group_by("k").agg(n=agg.count()).output("counts")
+    return circuit
+
+
+def test_the_lookups_of_a_circuit_layer_collect_their_keys_with_one_query(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
+    prunes = database.DeltaStateStore.prunes
+    queries, views = {}, {}
+    for pruned in (False, True):
+        monkeypatch.setattr(
+            database.DeltaStateStore, "prunes", lambda self, table, on=pruned: on and prunes(self, table)
+        )
+        root = str(tmp_path / f"pruned-{pruned}")
+        for step, keys in enumerate(([1, 2, 3], [2, 3, 4])):
+            inputs = {
+                side: from_rows(spark, [(k, step, 1) for k in keys], f"k bigint, {c} bigint")
+                for side, c in (("left", "a"), ("right", "b"))
+            }
+            pipeline = Pipeline(spark, root, _layered(), workers=2)
+            pipeline.submit(step, inputs, [Range("r", 0, step, step + 1)])
+            with _queries(spark) as counted:
+                pipeline.run()
+        queries[pruned] = counted["root"]
+        views[pruned] = {
+            view: sorted(map(tuple, pipeline.read_outputs(view, 0, 1).collect()))
+            for view in ("joined", "distinct", "counts")
+        }
+    # Step 1 looks up four large traces in two layers: a query each layer, not each lookup.
+    assert queries[True] - queries[False] == 2
+    assert views[True] == views[False]
+    counts = Counter()
+    for _, k, n, weight, *_ in views[True]["counts"]:
+        counts[(k, n)] += weight
+    assert +counts == {(1, 1): 1, (2, 4): 1, (3, 4): 1, (4, 1): 1}
+
+
+def test_a_compaction_by_a_fresh_pipeline_cuts_the_trace_files_by_the_lookup_keys_the_state_records(
+    spark, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
+    monkeypatch.setattr(database, "CLUSTER_ROWS", 2, raising=False)  # a unit's file of 100 keys is cut
+    layouts = []
+    for fresh in (False, True):
+        root = str(tmp_path / f"fresh-{fresh}")
+        pipeline = _join_step(spark, root, 0, list(range(100)), [1000])
+        # Another process (the CLI's `dbsp compact`) has run no step: its store saw no lookup.
+        (pipeline if not fresh else Pipeline(spark, root, _join(), workers=2)).compact()
+        layouts.append(sorted(_bounds(root, "left").values()))
+        assert max(_file_rows(root, "left")) <= 2
+    assert layouts[0] == layouts[1]
+
+
+def _trace_name(root: str, side: str) -> str:
+    (name,) = [n for n in os.listdir(os.path.join(root, "state")) if n.endswith(f".{side}")]
+    return name
+
+
+def _file_rows(root: str, side: str) -> list[int]:
+    """The rows of each file of the join's trace of ``side``."""
+    return (
+        add_actions(open_table(os.path.join(root, "state", _trace_name(root, side)))).column("num_records").to_pylist()
+    )
