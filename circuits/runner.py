@@ -180,7 +180,7 @@ class StepRunner:
         owner = worker_of(self.layout, F.col(VNODE))
         parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
         try:
-            stored = self.store.materialize(parts)
+            stored = self.store.materialize(parts, rows)
         except Exception as e:
             ours = raised_on_executor(e, *self._executor_errors)
             if ours is None:
