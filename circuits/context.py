@@ -39,7 +39,6 @@ class StepContext:
     :meth:`circuits.circuit.Circuit.check`)."""
     staged: dict[str, DataFrame] = field(default_factory=dict)
     shared: list[DataFrame] = field(default_factory=list)
-    kept: list[DataFrame] = field(default_factory=list)
 
     def route(self, df: DataFrame, *, scanned: bool = False) -> DataFrame:
         """``df`` (which has a :data:`VNODE` column) with its routing columns, on the worker
@@ -79,26 +78,11 @@ class StepContext:
         self.shared.append(cut)
         return cut.coalesce(1) if self.single else cut
 
-    def keep_inputs(self) -> None:
-        """Caches every input that may hold rows until :meth:`release`: the first job that
-        reads one computes it once, and every other read of it in the step (each operator
-        fed by the input plans a read of its own: a join's terms, an aggregate's, the
-        input's trace) reads the cache instead, and only the columns it needs (Spark
-        caches a frame by columns, compressed, and substitutes any plan of the same
-        frame).  For a large step, whose input each of those reads would otherwise scan
-        and decode again; a small step's reads cost less than the two round trips."""
-        for name in self.inputs.keys() - self.empty_inputs:
-            self.kept.append(self.inputs[name].persist())
-
     def release(self) -> None:
-        """Drops the step's shared and kept frames.  Over Spark Connect, the last reference
-        to a checkpointed frame going away frees it on the server; in a classic session,
-        the context cleaner frees its blocks after the next JVM garbage collection.  A kept
-        frame is dropped from the cache at once."""
+        """Drops the step's shared frames.  Over Spark Connect, the last reference to a
+        checkpointed frame going away frees it on the server; in a classic session, the
+        context cleaner frees its blocks after the next JVM garbage collection."""
         self.shared.clear()
-        for df in self.kept:
-            df.unpersist()
-        self.kept.clear()
 
 
 @dataclass

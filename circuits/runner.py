@@ -174,14 +174,12 @@ class StepRunner:
             conformed,
             schemas=self.schemas,
         )
-        if rows is not None and not single:
-            ctx.keep_inputs()
+        outputs = self.circuit.plan(ctx)
+        parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
+        # A state file holds one worker's vnodes, however many workers the step ran on.
+        owner = worker_of(self.layout, F.col(VNODE))
+        parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
         try:
-            outputs = self.circuit.plan(ctx)
-            parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
-            # A state file holds one worker's vnodes, however many workers the step ran on.
-            owner = worker_of(self.layout, F.col(VNODE))
-            parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
             stored = self.store.materialize(parts, rows)
         except Exception as e:
             ours = raised_on_executor(e, *self._executor_errors)

@@ -7,12 +7,9 @@ from collections import Counter
 import pytest
 from hypothesis import strategies as st
 
-from circuits import from_rows
 from circuits.library import NexmarkGenerator, nexmark_circuit, word_count
 from circuits.library.nexmark import SCHEMAS
 from circuits.library.wordcount import WORDS_SCHEMA
-from circuits.runner import StepRunner
-from circuits.state import InMemoryStateStore
 
 from ..oracle import sql
 from .harness import at_every_worker_count, insert_delete_steps, run_and_compare
@@ -116,34 +113,3 @@ def test_word_count_of_the_seed(spark):
         for *row, w in result["totals"]:
             totals[tuple(row)] += w
     assert +totals == Counter({("f", 5): 1, ("m", 7): 1})
-
-
-class _CacheSeen(InMemoryStateStore):
-    """An in-memory store that records, as each step's job starts, which of ``watched``
-    Spark holds cached."""
-
-    def __init__(self, watched) -> None:
-        super().__init__()
-        self.watched, self.cached = list(watched), []
-
-    def materialize(self, parts, rows=None):
-        self.cached.append([df.is_cached for df in self.watched])
-        return super().materialize(parts, rows)
-
-
-def test_a_large_steps_inputs_are_cached_for_its_job_and_dropped_after_it_with_the_same_outputs(spark):
-    """Each operator fed by an input plans a read of its own (a join's terms, q15's three
-    aggregates, the input's traces): a large step reads each input into a cache once."""
-    rows = {kind: [] for kind in SCHEMAS}
-    for kind, row in GENERATOR.events(0, 300):
-        rows[kind].append((*row, 1))
-    inputs = {kind: from_rows(spark, r, SCHEMAS[kind]) for kind, r in rows.items()}
-    count = sum(map(len, rows.values()))
-    outputs = []
-    for small_step_rows, large in ((count, False), (count - 1, True)):
-        store = _CacheSeen(inputs.values())
-        runner = StepRunner(nexmark_circuit(), spark, store, workers=2, small_step_rows=small_step_rows)
-        outputs.append({name: Counter(out) for name, out in runner.step(inputs, rows=count).collect_outputs().items()})
-        assert store.cached == [[large] * len(inputs)]
-        assert not any(df.is_cached for df in inputs.values())
-    assert outputs[0] == outputs[1] and all(outputs[0].values())

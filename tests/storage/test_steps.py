@@ -78,7 +78,7 @@ def test_a_step_run_alone_computes_from_the_rows_its_read_holds_and_reads_no_inp
 def test_a_crash_after_the_input_log_or_during_the_state_of_a_step_computed_from_its_read_recovers_from_the_log(
     spark, tmp_path, reference, monkeypatch, large
 ):
-    if large:  # every step takes a large step's paths: inputs cached, each table written apart
+    if large:  # every step takes a large step's paths: planned across workers, each table written apart
         monkeypatch.setattr(runner, "SMALL_STEP_ROWS", 0)
         monkeypatch.setattr(database, "APART_ROWS", 0)
     root, reader = str(tmp_path / "p"), RowsReader()
