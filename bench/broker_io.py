@@ -2,9 +2,9 @@
 demo producer's partitions and connections give, in one run against one fresh broker.
 
 * ``produce``: records of a demo bid's size (about 110 bytes) sent to a fresh topic with
-  ``--partitions`` partitions each, by one producer and by ``--producers`` at once
-  (``KafkaClient.produce`` and ``produce_parallel``, with the embedded broker's
-  one-record batches): records acknowledged per second.
+  ``--partitions`` partitions each, by one producer and by ``--producers`` at once, at
+  most one per partition (``KafkaClient.produce`` and ``produce_parallel``, with the
+  embedded broker's one-record batches): records acknowledged per second.
 * ``read``: one partition grown to each of ``--sizes`` records; at each size, for each
   ``fetch.wait.max.ms`` of ``--waits``, the step's reader (``sensors.decode._read_range``,
   the code a Spark task runs, here in this process) reads a small step (the last 10
@@ -45,7 +45,7 @@ RECORD = b'{"auction": 1234567, "bidder": 1234567, "price": 4321, "channel": "Fa
 def produce_rates(bootstrap: str, records: int, partitions: list[int], producers: int) -> None:
     print("| partitions | producers | records/s |\n| --- | --- | --- |")
     for count in partitions:
-        for k in sorted({1, producers}):
+        for k in sorted({1, min(producers, count)}):
             topic = f"produce-{count}-{k}"
             ensure_topics(bootstrap, {topic: count})
             client = KafkaClient(bootstrap, local_producer_config(), timeout=30)

@@ -26,6 +26,9 @@ def local_producer_config() -> dict[str, int]:
 
     tansu reports a partition's high watermark as the base offset of its last record batch
     plus one, so a batch of several records would hide all but its first from the watermark.
+    Likewise two connections appending to one partition at once can leave the watermark a
+    record short until the next append: :meth:`KafkaClient.produce_parallel` keeps one
+    connection per partition.
     """
     return {"batch.num.messages": 1, "linger.ms": 0}
 

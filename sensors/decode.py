@@ -66,7 +66,9 @@ READER_CONFIG = {"fetch.wait.max.ms": 5000}
 offsets known to exist.  Kafka answers a fetch as soon as ``fetch.min.bytes`` (1) are
 there, so the wait costs nothing on it; the bundled broker (tansu) answers with what it
 gathered once the wait is over, and its fetch takes longer the larger the partition: 10 ms
-starved from 60,000 records, 500 ms was 20 times slower at 300,000 (``bench/RESULTS.md``)."""
+starved from 60,000 records, 500 ms was 20 times slower at 300,000 (``bench/RESULTS.md``).
+The long wait is never waited out: a consumer reads one range and is closed, before the
+fetch past the range's end it may have in flight would return (:func:`_read_tasks`)."""
 
 # One row per consumed record: ``weight`` when the value is valid, else ``reason``.
 _RAW_SCHEMA = T.StructType(

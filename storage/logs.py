@@ -330,10 +330,13 @@ class InputLog:
         if parts:
             step_column = F.lit(step).cast("bigint")
             written |= write_tables({n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()})
-        if DEAD_LETTERS in written:
-            commit(written.pop(DEAD_LETTERS), "dead_letter", step)
+        # No empty version for a step without dead letters or byte-ranged sources: a replay
+        # that finds none recorded reads the same records and writes the same nothing.
+        dead = written.pop(DEAD_LETTERS, None)
+        if dead is not None and dead.actions:
+            commit(dead, "dead_letter", step)
         taken_files = written.pop(TAKEN, None)
-        if taken_files is not None and taken_files.actions:  # no empty version a step where no source is byte-ranged
+        if taken_files is not None and taken_files.actions:
             commit(taken_files, "taken", step)
             failpoint("after_taken", step)
         for files in written.values():

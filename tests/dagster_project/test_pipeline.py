@@ -109,6 +109,11 @@ def test_malformed_records_go_to_the_dead_letter_table(spark_resource, spark, br
     assert all(r["reason"] for r in dead)
     # Every valid record made it: the view equals the recomputation over the valid records.
     assert integral(h.pipeline(spark).outputs.read("bids_by_category", 0, 0)) == h.expected_revenue()
+    # A step without malformed records adds no version to the dead-letter table.
+    dead_versions = versions(h.root)["_dead_letters"]
+    h.produce(50)
+    assert h.tick().run_requests and h.run(1).success
+    assert versions(h.root)["_dead_letters"] == dead_versions
 
 
 @pytest.mark.slow
