@@ -70,11 +70,11 @@ class StepRunner:
         *,
         workers: int = 1,
         layout: Layout | None = None,
-        small_step_rows: int = SMALL_STEP_ROWS,
+        small_step_rows: int | None = None,
     ) -> None:
         self.circuit = circuit
         self._executor_errors = tuple(dict.fromkeys(k for n in circuit.nodes for k in n.operator.executor_errors))
-        self.small_step_rows = small_step_rows
+        self.small_step_rows = SMALL_STEP_ROWS if small_step_rows is None else small_step_rows
         self.spark = spark
         self.store = store
         # The layout is part of the state: recovery and later steps use the stored one, so
@@ -180,7 +180,7 @@ class StepRunner:
         owner = worker_of(self.layout, F.col(VNODE))
         parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
         try:
-            stored = self.store.materialize(parts)
+            stored = self.store.materialize(parts, rows)
         except Exception as e:
             ours = raised_on_executor(e, *self._executor_errors)
             if ours is None:

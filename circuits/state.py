@@ -30,10 +30,13 @@ with different values never share a file, so each file holds one worker's vnodes
 def pack(parts: dict[str, DataFrame]) -> DataFrame:
     """All ``parts`` as one DataFrame: a destination number and one struct column per part,
     so that one Spark job computes them all and runs shared shuffles once."""
-    branches = [
-        df.select(F.lit(i).alias(DEST), F.struct("*").alias(part_column(i))) for i, df in enumerate(parts.values())
-    ]
-    return add(*branches, allow_missing=True)
+    return add(*branches(parts), allow_missing=True)
+
+
+def branches(parts: dict[str, DataFrame]) -> list[DataFrame]:
+    """The terms of :func:`pack`: part ``i`` as its destination number ``i`` (column
+    :data:`DEST`) and its rows as one struct column (:func:`part_column`)."""
+    return [df.select(F.lit(i).alias(DEST), F.struct("*").alias(part_column(i))) for i, df in enumerate(parts.values())]
 
 
 def packed_columns(count: int) -> list[str]:
@@ -84,10 +87,12 @@ class StateStore(ABC):
         return False
 
     @abstractmethod
-    def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
+    def materialize(self, parts: dict[str, DataFrame], rows: int | None = None) -> dict[str, DataFrame]:
         """Runs the step's single job over every destination and returns each one's stored result.
 
         Names are ``output:<handle>`` for outputs and ``state:<table>`` for state deltas.
+        ``rows``, when known, is the step's number of input rows: a store may write a
+        large step's destinations in another way than a small one's.
         """
 
     @abstractmethod
@@ -124,7 +129,7 @@ class InMemoryStateStore(StateStore):
         parts = self._parts.get(table)
         return add(*parts) if parts else None
 
-    def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
+    def materialize(self, parts: dict[str, DataFrame], rows: int | None = None) -> dict[str, DataFrame]:
         # The packed union has a partition per branch and worker; later scans would pay a
         # task for each, so merge them (without a shuffle) first.
         parts = {name: df.drop(FILE) for name, df in parts.items()}

@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from circuits.runner import LAYOUT_KEY, OUTPUT, STATE
+from circuits.runner import LAYOUT_KEY, OUTPUT, SMALL_STEP_ROWS, STATE
 from circuits.sharding import PART, VNODE, exchange, unit_of, worker_of
 from circuits.state import FILE, StateStore
 from circuits.vnodes import Layout
@@ -77,6 +77,11 @@ COMPACT_FILES = 16
 """A small trace spread over more files than this is rewritten whole, consolidated, by the
 next step that adds to it, in that step's own job: every lookup reads a small trace
 whole, and each file costs more to open than its rows cost to read."""
+APART_ROWS = SMALL_STEP_ROWS
+"""A step of more input rows than this sends each table's rows to writer tasks of their own
+(see :func:`storage.delta.write_tables`, ``apart``); a smaller one packs them into one
+union.  Measured (``bench/RESULTS.md``, issue 30): apart cut a 10M-event first step's
+server CPU by a third, and made a 1,000-event step 1.40-1.47x slower."""
 CLUSTER_ROWS = 250_000
 """A step's file of a trace holding more rows than this (a large step's, such as a load's)
 is written sorted by the trace's lookup keys and cut into files of this many rows (see
@@ -276,10 +281,11 @@ class DeltaStateStore(StateStore):
         files = [f"{base}/{path}" for path, hit in zip(adds.column("path").to_pylist(), held, strict=True) if hit]
         return read_files(self.spark, self._uri(table), table_schema(delta), files, self._tables[table])
 
-    def materialize(self, parts: dict[str, DataFrame]) -> dict[str, DataFrame]:
+    def materialize(self, parts: dict[str, DataFrame], rows: int | None = None) -> dict[str, DataFrame]:
         """See :meth:`circuits.state.StateStore.materialize`.  A crowded small trace (see
         :data:`COMPACT_FILES`) is written whole, consolidated with the step's delta, and
-        :meth:`apply` replaces its files."""
+        :meth:`apply` replaces its files.  A step of more than :data:`APART_ROWS` input
+        rows writes each table by writer tasks of its own."""
         targets, layout, self._rewrites = {}, self.layout(), {}
         for name, df in parts.items():
             if name.startswith(OUTPUT):
@@ -294,7 +300,8 @@ class DeltaStateStore(StateStore):
                 df = whole.withColumn(FILE, worker_of(layout, F.col(VNODE)))
             targets[name] = (self._uri(table), df)
         orders = {f"{STATE}{table}": order for table, order in self._orders.items()}
-        written = write_tables(targets, orders, CLUSTER_ROWS)
+        apart = rows is not None and rows > APART_ROWS
+        written = write_tables(targets, orders, CLUSTER_ROWS, apart=apart)
         self.written_outputs = {n[len(OUTPUT) :]: w for n, w in written.items() if n.startswith(OUTPUT)}
         self._pending = {n[len(STATE) :]: w for n, w in written.items() if n.startswith(STATE)}
         return {

@@ -30,8 +30,8 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from circuits.spark import map_in_arrow
-from circuits.state import DEST, FILE, pack, packed_columns, part_column
-from circuits.zset import empty_like
+from circuits.state import DEST, FILE, branches, pack, packed_columns, part_column
+from circuits.zset import add, empty_like
 
 from .errors import CorruptTableError, StaleWriterError, StorageError
 from .tables import TABLE_CONFIG, ensure_table, open_table
@@ -97,10 +97,12 @@ def cut(data: pa.Table, order: tuple[str, ...], rows: int) -> list[pa.Table]:
 
 
 def _writer(targets: dict[int, Target]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The executor side: split a partition of packed rows by destination (and by
+    """The executor side: split a partition of packed rows (all of :func:`circuits.state.pack`'s
+    columns, or one of its :func:`~circuits.state.branches`) by destination (and by
     :data:`FILE` where a destination has it), write each piece into its table directory
     as one Parquet file, or as several cut by the target's order (see :func:`cut`), and
     return the files' descriptions."""
+    described_schema = to_arrow_schema(FILES_SCHEMA)
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pieces: dict[tuple[int, object], list[pa.Table]] = {}
@@ -122,18 +124,7 @@ def _writer(targets: dict[int, Target]) -> Callable[[Iterator[pa.RecordBatch]], 
                 pq.write_table(data, os.path.join(target.uri, name))
                 size = os.path.getsize(os.path.join(target.uri, name))
                 described.append((dest, name, size, data.num_rows, _stats(data)))
-        yield pa.RecordBatch.from_pylist(
-            [dict(zip(("dest", "path", "size", "rows", "stats"), d)) for d in described],
-            schema=pa.schema(
-                [
-                    ("dest", pa.int32()),
-                    ("path", pa.string()),
-                    ("size", pa.int64()),
-                    ("rows", pa.int64()),
-                    ("stats", pa.string()),
-                ]
-            ),
-        )
+        yield pa.RecordBatch.from_pylist([dict(zip(FILES_SCHEMA.names, d)) for d in described], schema=described_schema)
 
     return write
 
@@ -169,13 +160,24 @@ class WrittenFiles:
 
 
 def write_tables(
-    parts: dict[str, tuple[str, DataFrame]], orders: Mapping[str, tuple[str, ...]] | None = None, rows: int = 0
+    parts: dict[str, tuple[str, DataFrame]],
+    orders: Mapping[str, tuple[str, ...]] | None = None,
+    rows: int = 0,
+    *,
+    apart: bool = False,
 ) -> dict[str, WrittenFiles]:
     """Writes every ``name -> (table uri, DataFrame)`` with one Spark job (tables are created
     when missing): a file per Spark partition, or per :data:`FILE` value within it where
     the DataFrame has that column; a table named in ``orders`` has such a file of more than
     ``rows`` rows sorted by its order and cut (see :func:`cut`).  Nothing is committed:
-    see :func:`commit`."""
+    see :func:`commit`.
+
+    The job's writer tasks are sent every table's rows packed into one union (see
+    :func:`circuits.state.pack`), or, ``apart``, each table's rows to writer tasks of its
+    own, whose descriptions are united: still one job, shared shuffles run once.  Packed,
+    every row carries every table's column (null but its own), which the JVM converts to
+    Arrow for each row: a large write's most costly part.  Apart, each table adds writer
+    tasks (a Python worker each): a small write's most costly part."""
     names, orders = list(parts), orders or {}
     targets = {}
     for i, name in enumerate(names):
@@ -184,9 +186,17 @@ def write_tables(
         # reading it from the Delta log saves a round trip to Spark.
         schema = ensured_schema(uri, lambda df=df: arrow_schema(df.drop(FILE).schema))
         targets[i] = Target(uri, schema, orders.get(name, ()), rows)
-    packed = pack({name: df for name, (_, df) in parts.items()})
+    frames = {name: df for name, (_, df) in parts.items()}
+    writer = _writer(targets)
+    if apart:
+        # A branch's columns are known: asking Spark for them is a round trip.
+        writers = [
+            map_in_arrow(b, writer, FILES_SCHEMA, [DEST, part_column(i)]) for i, b in enumerate(branches(frames))
+        ]
+    else:
+        writers = [map_in_arrow(pack(frames), writer, FILES_SCHEMA, packed_columns(len(names)))]
     try:
-        described = map_in_arrow(packed, _writer(targets), FILES_SCHEMA, packed_columns(len(names))).collect()
+        described = add(*writers).collect()
     except Exception as e:
         raise StorageError(f"writing tables {sorted(names)} failed: {e}") from e
     now = int(time.time() * 1000)

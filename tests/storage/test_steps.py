@@ -8,9 +8,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from circuits import from_rows
+from circuits import from_rows, runner
 from circuits.library import word_count
-from storage import logs
+from storage import database, logs
 from storage.errors import LeaseHeldError, StepOrderError
 from storage.faults import InjectedCrash
 from storage.lease import Holder, Lease
@@ -74,9 +74,13 @@ def test_a_step_run_alone_computes_from_the_rows_its_read_holds_and_reads_no_inp
     assert all(pipeline.inputs.persisted(step) for step in range(len(STEPS)))
 
 
+@pytest.mark.parametrize("large", [False, True])
 def test_a_crash_after_the_input_log_or_during_the_state_of_a_step_computed_from_its_read_recovers_from_the_log(
-    spark, tmp_path, reference, monkeypatch
+    spark, tmp_path, reference, monkeypatch, large
 ):
+    if large:  # every step takes a large step's paths: planned across workers, each table written apart
+        monkeypatch.setattr(runner, "SMALL_STEP_ROWS", 0)
+        monkeypatch.setattr(database, "APART_ROWS", 0)
     root, reader = str(tmp_path / "p"), RowsReader()
     divide(Pipeline(spark, root, word_count(), workers=2), len(STEPS))
     monkeypatch.setenv("DBSP_FAULT_MODE", "raise")

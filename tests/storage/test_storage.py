@@ -28,6 +28,8 @@ from storage.errors import (
 from storage.logs import Range
 from storage.pipeline import Pipeline, status
 
+from .test_rescale import assert_files_follow_owners
+
 STEPS = [
     {"upper": [("F", 1, 1), ("M", 3, 1)], "lower": [("f", 4, 1)]},
     {"upper": [("M", 4, 1)], "lower": [("dog", 2, 1)]},
@@ -247,6 +249,26 @@ def _fresh(spark, root):
     submit_all(spark, p)
     p.run()
     return p
+
+
+def test_a_large_step_writes_each_table_apart_and_a_small_one_packed_with_the_same_results(
+    spark, pipeline, tmp_path, monkeypatch
+):
+    """A large step sends each table's rows to writer tasks of their own; a small one packs
+    every table into one union (each way's cost, see ``database.APART_ROWS``)."""
+    reference = _fresh(spark, str(tmp_path / "reference"))
+    monkeypatch.setattr(database, "APART_ROWS", 2)
+    apart, write_tables = [], database.write_tables
+
+    def recorded(*args, **kwargs):
+        apart.append(kwargs.get("apart", False))
+        return write_tables(*args, **kwargs)
+
+    monkeypatch.setattr(database, "write_tables", recorded)
+    assert pipeline.run() == 3
+    assert apart == [True, False, True]  # the steps' input rows: 3, 2, 3
+    assert totals(pipeline, 2) == totals(reference, 2)
+    assert_files_follow_owners(pipeline)  # either way, a trace's file holds one worker's vnodes
 
 
 def test_compaction_consolidates_traces_and_changes_no_result(spark, pipeline, tmp_path):
