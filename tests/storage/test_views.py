@@ -85,10 +85,18 @@ steps = st.lists(
 )
 
 
+@pytest.fixture(params=["small files", "one file"])
+def file_rows(request, monkeypatch):
+    """Views cut in files of about 3 rows (integrated by Spark), or kept in one file
+    (integrated by the run's process)."""
+    if request.param == "small files":
+        monkeypatch.setattr(views, "FILE_ROWS", 3)
+
+
 @pytest.mark.slow
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps=steps, workers=st.sampled_from([(1, 3), (3, 2)]))
-def test_the_view_is_the_integral_of_its_change_log_across_restarts(spark, small_files, steps, workers):
+def test_the_view_is_the_integral_of_its_change_log_across_restarts(spark, file_rows, steps, workers):
     """Random inserts and deletes (a delete removes one copy of a row present): after each
     run, at two worker counts and after a restart, each view holds exactly the rows its
     change log adds up to, which are the ones recomputed in Python."""
