@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="unrecorded steps first")
     parser.add_argument("--events", type=int, default=1000, help="events per step")
     parser.add_argument("--alternate", action="store_true", help="check every other step with one Spark job")
+    parser.add_argument("--trace", type=argparse.FileType("w"), help="a line per round trip: its call sites")
     args = parser.parse_args()
     broker, spark = free_port(), free_port()
     resources = {"kafka": {"embedded_port": broker}, "spark": {"embedded_port": spark}}
@@ -84,7 +85,10 @@ def main() -> None:
         inspect.LOCAL_ROWS = 1_000_000 if local else 0
         seconds.clear()
         rpc_seconds: Counter = Counter()
-        with round_trips(SparkResource(embedded_port=spark).session(), seconds=rpc_seconds) as calls:
+        session = SparkResource(embedded_port=spark).session()
+        if args.trace:
+            print(f"# step run {done + 1}", file=args.trace)
+        with round_trips(session, trace=args.trace, seconds=rpc_seconds) as calls:
             report = run_step(*a, **k)
         engine = sum(report.phases.values())
         figures = {

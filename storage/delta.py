@@ -120,13 +120,32 @@ def _writer(targets: dict[int, Target]) -> Callable[[Iterator[pa.RecordBatch]], 
         for (dest, key), tables in pieces.items():
             target = targets[dest]
             for data in cut(pa.concat_tables(tables), target.order, target.rows):
-                name = file_name(key)
-                pq.write_table(data, os.path.join(target.uri, name))
-                size = os.path.getsize(os.path.join(target.uri, name))
-                described.append((dest, name, size, data.num_rows, _stats(data)))
+                name, size, stats = write_file(target.uri, key, data)
+                described.append((dest, name, size, data.num_rows, stats))
         yield pa.RecordBatch.from_pylist([dict(zip(FILES_SCHEMA.names, d)) for d in described], schema=described_schema)
 
     return write
+
+
+def write_file(uri: str, key: object, data: pa.Table) -> tuple[str, int, str]:
+    """Writes ``data`` as a new data file of the table at ``uri`` (named by :func:`file_name`);
+    returns its name, size and statistics."""
+    name = file_name(key)
+    pq.write_table(data, os.path.join(uri, name))
+    return name, os.path.getsize(os.path.join(uri, name)), _stats(data)
+
+
+def write_local(uri: str, schema: pa.Schema, pieces: dict[object, pa.Table]) -> WrittenFiles:
+    """Writes each ``key -> rows`` of ``pieces`` that has rows as one data file of the table
+    at ``uri``, in this process (no Spark), as :func:`write_tables` names and describes
+    them.  Nothing is committed: see :func:`commit`."""
+    now = int(time.time() * 1000)
+    written = WrittenFiles(uri, schema, [])
+    for key, data in pieces.items():
+        if data.num_rows:
+            name, size, stats = write_file(uri, key, data.select(schema.names).cast(schema))
+            written.actions.append(AddAction(name, size, {}, now, True, stats))
+    return written
 
 
 def file_name(key: object = None) -> str:

@@ -22,7 +22,7 @@ from circuits.zset import WEIGHT
 
 from .delta import add_actions, delta_tables
 from .logs import STEP, OutputLog, files_of_steps
-from .tables import dataset, open_table
+from .tables import dataset, groupable, open_table
 
 K = TypeVar("K")
 
@@ -64,7 +64,7 @@ def _spark_checks(outputs: OutputLog, sets: dict[str, bool], first: int, last: i
 def _local(table) -> bool:
     """Whether pyarrow can check the table: it exists, and it has no nested column (which
     pyarrow cannot group by)."""
-    return table is not None and not any(pa.types.is_nested(f.type) for f in pa.schema(table.schema().to_arrow()))
+    return table is not None and groupable(table)
 
 
 def _rows(table) -> int:

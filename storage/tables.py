@@ -61,3 +61,9 @@ def dataset(table: DeltaTable, pruning: list[tuple] | None = None) -> ds.Dataset
     if not files:
         return ds.dataset(pa.schema(table.schema().to_arrow()).empty_table())
     return ds.dataset(files, format="parquet")
+
+
+def groupable(table: DeltaTable) -> bool:
+    """Whether pyarrow can group ``table``'s rows by all their columns: it has no nested
+    column (pyarrow's hash grouping takes none)."""
+    return not any(pa.types.is_nested(f.type) for f in pa.schema(table.schema().to_arrow()))

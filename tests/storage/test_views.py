@@ -4,9 +4,11 @@ touch, survives crashes at every fault point of a step, and travels back in time
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections import Counter
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
@@ -14,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from circuits import Circuit, from_rows
+from circuits.spark import round_trips
+from circuits.state import FILE
 from storage import views
 from storage.errors import NegativeViewError, ViewError
 from storage.faults import InjectedCrash
@@ -81,10 +85,18 @@ steps = st.lists(
 )
 
 
+@pytest.fixture(params=["small files", "one file"])
+def file_rows(request, monkeypatch):
+    """Views cut in files of about 3 rows (integrated by Spark), or kept in one file
+    (integrated by the run's process)."""
+    if request.param == "small files":
+        monkeypatch.setattr(views, "FILE_ROWS", 3)
+
+
 @pytest.mark.slow
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps=steps, workers=st.sampled_from([(1, 3), (3, 2)]))
-def test_the_view_is_the_integral_of_its_change_log_across_restarts(spark, small_files, steps, workers):
+def test_the_view_is_the_integral_of_its_change_log_across_restarts(spark, file_rows, steps, workers):
     """Random inserts and deletes (a delete removes one copy of a row present): after each
     run, at two worker counts and after a restart, each view holds exactly the rows its
     change log adds up to, which are the ones recomputed in Python."""
@@ -203,3 +215,57 @@ def test_a_negative_total_is_refused_naming_the_rows_and_a_view_can_start_late(s
     assert views.step_versions(views.view_uri(root, "big")) == {2: 1}
     with pytest.raises(ViewError, match=r"no version for step 1: it holds committed steps 2\.\.2"):
         views.read_view(root, "big", 1)
+
+
+def test_a_small_views_update_makes_no_spark_round_trip(spark, tmp_path):
+    """Views that stay one small file (a small step's, as the demo's) are integrated by
+    this process: their update makes no round trip to Spark (it ran a write job)."""
+    root, inputs = str(tmp_path), Counter({(1, "a"): 2, (3, "b"): 1, (4, "b"): 1, (5, None): 1})
+    pipeline = Pipeline(spark, root, circuit(), workers=2)
+    submit(spark, pipeline, 0, inputs)
+    submit(spark, pipeline, 1, Counter({(1, "a"): -1, (3, "b"): -1, (6, "c"): 1}))
+    pipeline.run()
+    current = views.CurrentViews(spark, root, SINKS)
+    with round_trips(spark) as calls:
+        current.update(1)
+    assert not calls
+    inputs.update({(1, "a"): -1, (3, "b"): -1, (6, "c"): 1})
+    for sink in SINKS:
+        assert view_rows(root, sink) == log_integral(pipeline, sink, 1) == expected(inputs)[sink]
+        (file,) = views.view_files(DeltaTable(views.view_uri(root, sink)))
+        assert file.start == 0 and file.rows == sum(expected(inputs)[sink].values())
+
+
+def test_integrating_in_the_process_gives_the_rows_spark_gives(spark):
+    """The process's integration of a one-file view (:func:`views.integrated_rows`) against
+    Spark's (:func:`views.integrated`): copies, rows that cancel, negative totals set
+    aside, NULLs, and the floating-point values Spark groups together (-0.0 and 0.0, NaN)."""
+    nan = float("nan")
+    old = [("a", 1.0), ("a", 1.0), ("b", None), ("c", 0.0), (None, nan), ("d", 2.5)]
+    changes = [("a", 1.0, -1), ("b", None, -1), ("c", -0.0, 2), (None, nan, 1), ("e", 3.0, -2), ("d", 2.5, 1)]
+    schema = "k string, x double"
+    kept, aside = views.integrated_rows(
+        pa.table({"k": [r[0] for r in old], "x": [r[1] for r in old]}),
+        ["k", "x"],
+        pa.table({"k": [r[0] for r in changes], "x": [r[1] for r in changes], "_weight": [r[2] for r in changes]}),
+    )
+    by_spark = views.integrated(
+        spark.createDataFrame(old, schema),
+        ["k", "x"],
+        spark.createDataFrame(changes, f"{schema}, _weight long"),
+        [0],
+        2,
+    ).collect()
+
+    def counted(rows) -> Counter:
+        return Counter(tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in row) for row in rows)
+
+    assert counted((r["k"], r["x"]) for r in by_spark if r[FILE] == 0) == counted(
+        tuple(r.values()) for r in kept.to_pylist()
+    )
+    assert counted((r["k"], r["x"]) for r in by_spark if r[FILE] == views.NEGATIVE) == counted(
+        tuple(r.values()) for r in aside.to_pylist()
+    )
+    assert counted(tuple(r.values()) for r in kept.to_pylist()) == Counter(
+        {("a", 1.0): 1, ("c", 0.0): 3, (None, "NaN"): 2, ("d", 2.5): 2}
+    )
