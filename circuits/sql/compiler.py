@@ -347,19 +347,8 @@ class _Compiler:
         """The select list as (name, Spark SQL over internal names), stars expanded."""
         items = []
         for e in node.expressions:
-            star = (
-                e
-                if isinstance(e, exp.Star)
-                else e.this
-                if isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
-                else None
-            )
-            if star is not None:
-                table = e.table.lower() if isinstance(e, exp.Column) else ""
-                # A column without a name is a scalar subquery's value, joined in: not the FROM's.
-                cols = [c for c in scope.cols if c.name and (not table or (c.qualifier or "").lower() == table)]
-                if not cols:
-                    raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause", node=e)
+            cols = _star_columns(e, scope)
+            if cols is not None:
                 items += [(c.name, c.internal) for c in cols]
             else:
                 items.append((e.alias_or_name, self.resolve(e.unalias(), scope)))
@@ -675,18 +664,18 @@ class _Compiler:
         """``rel`` grouped by ``keys`` (column -> Spark SQL; none: one global group, also
         over no rows) with the aggregate ``calls`` (Spark SQL -> column, call), and each
         call's value over the groups' columns (Spark SQL)."""
+        engine = {text: self.aggregate_argument(call, scope) for text, (_, call) in calls.items()}
         arguments: dict[str, str] = {}
-        for _, call in calls.values():
-            argument = _aggregate_kind(call)[1]
+        for _, argument in engine.values():
             if argument is not None:
-                arguments.setdefault(self.resolve(argument, scope), self.fresh())
+                arguments.setdefault(argument, self.fresh())
         projected = {**(keys or {self.fresh(): "0"}), **{c: text for text, c in arguments.items()}}
         types = self.types_of(rel.schema(), projected)
         aggs: dict[str, ops.Agg] = {}
         values = {}
-        for text, (out, call) in calls.items():
-            kind, argument = _aggregate_kind(call)
-            column = None if argument is None else arguments[self.resolve(argument, scope)]
+        for text, (out, _) in calls.items():
+            kind, argument = engine[text]
+            column = None if argument is None else arguments[argument]
             values[text] = self.aggregate_value(out, ops.Agg(kind, column), types, aggs)
         if not aggs:  # GROUP BY without aggregates: a count keeps each group while it has rows
             aggs[self.fresh()] = ops.Agg("count", None)
@@ -698,6 +687,31 @@ class _Compiler:
             stream = stream.select(*aggs).default_row(*zeros)
         cols = [Col(None, c, c) for c in [*keys, *aggs]]
         return Rel(stream, cols, types), values
+
+    def aggregate_argument(self, call: exp.AggFunc, scope: _Scope) -> tuple[str, str | None]:
+        """The engine's aggregate for a SQL aggregate call, and its argument as Spark SQL
+        over ``scope`` (None for ``count(*)``).  ``count`` of several values (``count(a, b)``,
+        ``t.*`` expanded) counts, as Spark does, the rows where none is NULL."""
+        kind, values = _aggregate_kind(call)
+        if values is None:
+            return kind, None
+        texts = [text for v in values for text in self.expanded(v, scope)]
+        if len(texts) == 1:
+            return kind, texts[0]
+        if kind == "count_distinct":
+            # A struct of them would be the state's key, which the Delta store cannot index.
+            raise SqlError(
+                f"not supported: {call.sql(DIALECT)}, a distinct count of several values; count the rows of "
+                "SELECT DISTINCT a, b ... WHERE a IS NOT NULL AND b IS NOT NULL in a subquery",
+                node=call,
+            )
+        present = " AND ".join(f"({t}) IS NOT NULL" for t in texts)
+        return kind, f"CASE WHEN {present} THEN 1 END"
+
+    def expanded(self, e: exp.Expression, scope: _Scope) -> list[str]:
+        """``e`` as Spark SQL over ``scope``: a star as the columns it stands for."""
+        cols = _star_columns(e, scope)
+        return [self.resolve(e, scope)] if cols is None else [c.internal for c in cols]
 
     def aggregate_value(self, out: str, a: ops.Agg, types: dict[str, T.DataType], aggs: dict[str, ops.Agg]) -> str:
         """Adds the engine's aggregates for SQL's ``a`` to ``aggs`` (``out``: the column of
@@ -754,6 +768,20 @@ def _line(node: object) -> int | None:
         return None
     lines = [i.meta["line"] for i in node.walk() if isinstance(i, exp.Identifier) and "line" in i.meta]
     return min(lines, default=None)
+
+
+def _star_columns(e: exp.Expression, scope: _Scope) -> list[Col] | None:
+    """The columns of ``scope`` that ``e`` stands for if it is ``*`` or ``t.*`` (None if
+    it is no star)."""
+    column_star = isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
+    if not (isinstance(e, exp.Star) or column_star):
+        return None
+    table = e.table.lower() if column_star else ""
+    # A column without a name is a scalar subquery's value, joined in: not the FROM's.
+    cols = [c for c in scope.cols if c.name and (not table or (c.qualifier or "").lower() == table)]
+    if not cols:
+        raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause", node=e)
+    return cols
 
 
 def _columns(e: exp.Expression) -> list[exp.Column]:
@@ -864,7 +892,13 @@ def _scalar_item(subquery: exp.Subquery, keys: list[exp.Expression]) -> exp.Expr
 def _over_no_rows(item: exp.Expression) -> str:
     """An aggregate expression's value over no rows (``count`` 0, other aggregates NULL)."""
     return item.transform(
-        lambda n: exp.Literal.number(0) if isinstance(n, exp.Count) else exp.null() if isinstance(n, exp.AggFunc) else n
+        lambda n: (
+            exp.Literal.number(0)
+            if AGGREGATES.get(type(n)) == "count"
+            else exp.null()
+            if isinstance(n, exp.AggFunc)
+            else n
+        )
     ).sql(DIALECT)
 
 
@@ -906,17 +940,20 @@ def _group_by(node: exp.Select) -> list[exp.Expression]:
     return list(group.expressions) if group is not None else []
 
 
-def _aggregate_kind(call: exp.AggFunc) -> tuple[str, exp.Expression | None]:
-    """The engine's aggregate for a SQL aggregate call, and its argument (None for ``count(*)``)."""
+def _aggregate_kind(call: exp.AggFunc) -> tuple[str, list[exp.Expression] | None]:
+    """The engine's aggregate for a SQL aggregate call, and the values it reads (None for
+    ``count(*)``; several for ``count(a, b)``)."""
     kind = AGGREGATES[type(call)]  # the parser refused the others
     argument = call.this
+    if isinstance(call, exp.CountIf):
+        return "count", [exp.Nullif(this=argument.copy(), expression=exp.false())]
     if isinstance(argument, exp.Distinct):
-        if kind != "count" or len(argument.expressions) != 1:
-            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT one_expression)", node=call)
-        return "count_distinct", argument.expressions[0]
+        if kind != "count":
+            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT ...)", node=call)
+        return "count_distinct", list(argument.expressions)
     if isinstance(argument, exp.Star):
         return "count", None
-    return kind, argument
+    return kind, [argument, *(call.expressions if isinstance(call, exp.Count) else [])]
 
 
 def _aggregate_type(a: ops.Agg, types: dict[str, T.DataType]) -> T.DataType:
