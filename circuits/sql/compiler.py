@@ -38,6 +38,9 @@ class Col:
     qualifier: str | None
     name: str
     internal: str
+    hidden: bool = False
+    """Named only with its qualifier (``t.k``), as a side's key of a ``USING`` join is:
+    the unqualified name and ``*`` give the join's one column of that name."""
 
 
 @dataclass
@@ -50,7 +53,7 @@ class Rel:
     """Each internal column's Spark type."""
 
     def named(self, qualifier: str | None) -> Rel:
-        return Rel(self.stream, [Col(qualifier, c.name, c.internal) for c in self.cols], self.types)
+        return Rel(self.stream, [replace(c, qualifier=qualifier) for c in self.cols], self.types)
 
     def renamed(self, names: list[str]) -> Rel:
         """The columns named ``names`` (a column list: ``AS t (a, b)``, ``WITH t (a, b) AS``), if any."""
@@ -78,7 +81,11 @@ class _Scope:
 
     def find(self, column: exp.Column) -> Col | None:
         name, table = column.name.lower(), column.table.lower()
-        found = [c for c in self.cols if c.name.lower() == name and (not table or (c.qualifier or "").lower() == table)]
+        found = [
+            c
+            for c in self.cols
+            if c.name.lower() == name and ((c.qualifier or "").lower() == table if table else not c.hidden)
+        ]
         if len(found) > 1:
             raise SqlError(f"column {column.sql(DIALECT)} is ambiguous; qualify it with its table", node=column)
         return found[0] if found else None
@@ -437,8 +444,8 @@ class _Compiler:
     def join(self, left: Rel, right: Rel, node: exp.Join, implied: list[exp.Expression]) -> Rel:
         """``left`` joined with ``right`` as ``node`` says; an inner join without ``ON`` is
         keyed by the equalities between the two sides among ``implied`` (the WHERE's conjuncts)."""
-        if node.args.get("using") or node.method:
-            raise SqlError(f"not supported: {node.method or 'USING'} join; write the condition with ON", node=node)
+        if node.method and node.method.upper() != "NATURAL":
+            raise SqlError(f"not supported: {node.method} join; write the condition with ON", node=node)
         kind, side = (node.kind or "").upper(), (node.side or "").upper()
         condition = node.args.get("on")
         if kind in ("SEMI", "ANTI"):
@@ -447,6 +454,9 @@ class _Compiler:
             how = _JOIN_SIDES[side]
         else:
             raise SqlError(f"not supported: {kind} JOIN", node=node)
+        using = [u.name for u in node.args.get("using") or []]
+        if node.method or using:
+            return self.using_join(left, right, using if using else _common_names(left, right), how)
         both = _Scope([*left.cols, *right.cols])
         pairs, rest = _split_equalities(_conjuncts(condition), _Scope(left.cols), _Scope(right.cols))
         if condition is None and how == "inner":
@@ -454,6 +464,26 @@ class _Compiler:
         pairs = [(self.resolve(a, both), self.resolve(b, both)) for a, b in pairs]
         residual = self.resolve(exp.and_(*rest), both) if rest else None
         return self.keyed_join(left, right, pairs, residual, how)
+
+    def using_join(self, left: Rel, right: Rel, names: list[str], how: str) -> Rel:
+        """``left JOIN right USING (names)`` (``NATURAL``: the names both sides have), as
+        Spark resolves it: joined on the equality of each side's column of each name, its
+        columns are one per name first (the left side's; the right's for a right join; for
+        a full join, the one that is not NULL), then each side's others.  Each side's own
+        column stays readable by its qualified name (``t.k``), NULL where it had no match."""
+        keys = [(_using_column(left, n, "left"), _using_column(right, n, "right")) for n in names]
+        joined = self.keyed_join(left, right, [(lc.internal, rc.internal) for lc, rc in keys], None, how)
+        merged = {
+            "right": [(rc.name, rc.internal) for _, rc in keys],
+            "full": [(lc.name, f"coalesce({lc.internal}, {rc.internal})") for lc, rc in keys],
+        }.get(how, [(lc.name, lc.internal) for lc, _ in keys])
+        shared = {c.internal for pair in keys for c in pair}
+        kept = [replace(c, hidden=True) if c.internal in shared else c for c in joined.cols]
+        cols = [Col(None, name, self.fresh()) for name, _ in merged]
+        exprs = {c.internal: text for c, (_, text) in zip(cols, merged)}
+        stream = joined.stream.select(*[F.expr(t).alias(c) for c, t in exprs.items()], *[c.internal for c in kept])
+        types = {**joined.types, **self.types_of(joined.schema(), exprs)}
+        return Rel(stream, [*cols, *kept], types)
 
     def keyed_join(self, left: Rel, right: Rel, pairs: list[tuple[str, str]], residual: str | None, how: str) -> Rel:
         """``left ⋈ right`` on ``left_key = right_key`` for each pair (Spark SQL texts) and
@@ -770,6 +800,20 @@ def _line(node: object) -> int | None:
     return min(lines, default=None)
 
 
+def _using_column(rel: Rel, name: str, side: str) -> Col:
+    """The one column of ``rel`` that the unqualified ``name`` of a ``USING`` join names."""
+    found = [c for c in rel.cols if c.name.lower() == name.lower() and not c.hidden]
+    if len(found) != 1:
+        raise SqlError(f"USING ({name}): the {side} side has {len(found)} columns of that name; it needs one")
+    return found[0]
+
+
+def _common_names(left: Rel, right: Rel) -> list[str]:
+    """The column names a ``NATURAL`` join joins on: those of both sides, in the left's order."""
+    names = {c.name.lower() for c in right.cols if c.name and not c.hidden}
+    return [c.name for c in left.cols if c.name and not c.hidden and c.name.lower() in names]
+
+
 def _star_columns(e: exp.Expression, scope: _Scope) -> list[Col] | None:
     """The columns of ``scope`` that ``e`` stands for if it is ``*`` or ``t.*`` (None if
     it is no star)."""
@@ -778,7 +822,7 @@ def _star_columns(e: exp.Expression, scope: _Scope) -> list[Col] | None:
         return None
     table = e.table.lower() if column_star else ""
     # A column without a name is a scalar subquery's value, joined in: not the FROM's.
-    cols = [c for c in scope.cols if c.name and (not table or (c.qualifier or "").lower() == table)]
+    cols = [c for c in scope.cols if c.name and ((c.qualifier or "").lower() == table if table else not c.hidden)]
     if not cols:
         raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause", node=e)
     return cols
