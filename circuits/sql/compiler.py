@@ -38,6 +38,9 @@ class Col:
     qualifier: str | None
     name: str
     internal: str
+    hidden: bool = False
+    """Named only with its qualifier (``t.k``), as a side's key of a ``USING`` join is:
+    the unqualified name and ``*`` give the join's one column of that name."""
 
 
 @dataclass
@@ -50,7 +53,7 @@ class Rel:
     """Each internal column's Spark type."""
 
     def named(self, qualifier: str | None) -> Rel:
-        return Rel(self.stream, [Col(qualifier, c.name, c.internal) for c in self.cols], self.types)
+        return Rel(self.stream, [replace(c, qualifier=qualifier) for c in self.cols], self.types)
 
     def renamed(self, names: list[str]) -> Rel:
         """The columns named ``names`` (a column list: ``AS t (a, b)``, ``WITH t (a, b) AS``), if any."""
@@ -78,7 +81,11 @@ class _Scope:
 
     def find(self, column: exp.Column) -> Col | None:
         name, table = column.name.lower(), column.table.lower()
-        found = [c for c in self.cols if c.name.lower() == name and (not table or (c.qualifier or "").lower() == table)]
+        found = [
+            c
+            for c in self.cols
+            if c.name.lower() == name and ((c.qualifier or "").lower() == table if table else not c.hidden)
+        ]
         if len(found) > 1:
             raise SqlError(f"column {column.sql(DIALECT)} is ambiguous; qualify it with its table", node=column)
         return found[0] if found else None
@@ -347,19 +354,8 @@ class _Compiler:
         """The select list as (name, Spark SQL over internal names), stars expanded."""
         items = []
         for e in node.expressions:
-            star = (
-                e
-                if isinstance(e, exp.Star)
-                else e.this
-                if isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
-                else None
-            )
-            if star is not None:
-                table = e.table.lower() if isinstance(e, exp.Column) else ""
-                # A column without a name is a scalar subquery's value, joined in: not the FROM's.
-                cols = [c for c in scope.cols if c.name and (not table or (c.qualifier or "").lower() == table)]
-                if not cols:
-                    raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause", node=e)
+            cols = _star_columns(e, scope)
+            if cols is not None:
                 items += [(c.name, c.internal) for c in cols]
             else:
                 items.append((e.alias_or_name, self.resolve(e.unalias(), scope)))
@@ -448,8 +444,8 @@ class _Compiler:
     def join(self, left: Rel, right: Rel, node: exp.Join, implied: list[exp.Expression]) -> Rel:
         """``left`` joined with ``right`` as ``node`` says; an inner join without ``ON`` is
         keyed by the equalities between the two sides among ``implied`` (the WHERE's conjuncts)."""
-        if node.args.get("using") or node.method:
-            raise SqlError(f"not supported: {node.method or 'USING'} join; write the condition with ON", node=node)
+        if node.method and node.method.upper() != "NATURAL":
+            raise SqlError(f"not supported: {node.method} join; write the condition with ON", node=node)
         kind, side = (node.kind or "").upper(), (node.side or "").upper()
         condition = node.args.get("on")
         if kind in ("SEMI", "ANTI"):
@@ -458,6 +454,9 @@ class _Compiler:
             how = _JOIN_SIDES[side]
         else:
             raise SqlError(f"not supported: {kind} JOIN", node=node)
+        using = [u.name for u in node.args.get("using") or []]
+        if node.method or using:
+            return self.using_join(left, right, using if using else _common_names(left, right), how)
         both = _Scope([*left.cols, *right.cols])
         pairs, rest = _split_equalities(_conjuncts(condition), _Scope(left.cols), _Scope(right.cols))
         if condition is None and how == "inner":
@@ -465,6 +464,26 @@ class _Compiler:
         pairs = [(self.resolve(a, both), self.resolve(b, both)) for a, b in pairs]
         residual = self.resolve(exp.and_(*rest), both) if rest else None
         return self.keyed_join(left, right, pairs, residual, how)
+
+    def using_join(self, left: Rel, right: Rel, names: list[str], how: str) -> Rel:
+        """``left JOIN right USING (names)`` (``NATURAL``: the names both sides have), as
+        Spark resolves it: joined on the equality of each side's column of each name, its
+        columns are one per name first (the left side's; the right's for a right join; for
+        a full join, the one that is not NULL), then each side's others.  Each side's own
+        column stays readable by its qualified name (``t.k``), NULL where it had no match."""
+        keys = [(_using_column(left, n, "left"), _using_column(right, n, "right")) for n in names]
+        joined = self.keyed_join(left, right, [(lc.internal, rc.internal) for lc, rc in keys], None, how)
+        merged = {
+            "right": [(rc.name, rc.internal) for _, rc in keys],
+            "full": [(lc.name, f"coalesce({lc.internal}, {rc.internal})") for lc, rc in keys],
+        }.get(how, [(lc.name, lc.internal) for lc, _ in keys])
+        shared = {c.internal for pair in keys for c in pair}
+        kept = [replace(c, hidden=True) if c.internal in shared else c for c in joined.cols]
+        cols = [Col(None, name, self.fresh()) for name, _ in merged]
+        exprs = {c.internal: text for c, (_, text) in zip(cols, merged)}
+        stream = joined.stream.select(*[F.expr(t).alias(c) for c, t in exprs.items()], *[c.internal for c in kept])
+        types = {**joined.types, **self.types_of(joined.schema(), exprs)}
+        return Rel(stream, [*cols, *kept], types)
 
     def keyed_join(self, left: Rel, right: Rel, pairs: list[tuple[str, str]], residual: str | None, how: str) -> Rel:
         """``left ⋈ right`` on ``left_key = right_key`` for each pair (Spark SQL texts) and
@@ -675,18 +694,18 @@ class _Compiler:
         """``rel`` grouped by ``keys`` (column -> Spark SQL; none: one global group, also
         over no rows) with the aggregate ``calls`` (Spark SQL -> column, call), and each
         call's value over the groups' columns (Spark SQL)."""
+        engine = {text: self.aggregate_argument(call, scope) for text, (_, call) in calls.items()}
         arguments: dict[str, str] = {}
-        for _, call in calls.values():
-            argument = _aggregate_kind(call)[1]
+        for _, argument in engine.values():
             if argument is not None:
-                arguments.setdefault(self.resolve(argument, scope), self.fresh())
+                arguments.setdefault(argument, self.fresh())
         projected = {**(keys or {self.fresh(): "0"}), **{c: text for text, c in arguments.items()}}
         types = self.types_of(rel.schema(), projected)
         aggs: dict[str, ops.Agg] = {}
         values = {}
-        for text, (out, call) in calls.items():
-            kind, argument = _aggregate_kind(call)
-            column = None if argument is None else arguments[self.resolve(argument, scope)]
+        for text, (out, _) in calls.items():
+            kind, argument = engine[text]
+            column = None if argument is None else arguments[argument]
             values[text] = self.aggregate_value(out, ops.Agg(kind, column), types, aggs)
         if not aggs:  # GROUP BY without aggregates: a count keeps each group while it has rows
             aggs[self.fresh()] = ops.Agg("count", None)
@@ -698,6 +717,31 @@ class _Compiler:
             stream = stream.select(*aggs).default_row(*zeros)
         cols = [Col(None, c, c) for c in [*keys, *aggs]]
         return Rel(stream, cols, types), values
+
+    def aggregate_argument(self, call: exp.AggFunc, scope: _Scope) -> tuple[str, str | None]:
+        """The engine's aggregate for a SQL aggregate call, and its argument as Spark SQL
+        over ``scope`` (None for ``count(*)``).  ``count`` of several values (``count(a, b)``,
+        ``t.*`` expanded) counts, as Spark does, the rows where none is NULL."""
+        kind, values = _aggregate_kind(call)
+        if values is None:
+            return kind, None
+        texts = [text for v in values for text in self.expanded(v, scope)]
+        if len(texts) == 1:
+            return kind, texts[0]
+        if kind == "count_distinct":
+            # A struct of them would be the state's key, which the Delta store cannot index.
+            raise SqlError(
+                f"not supported: {call.sql(DIALECT)}, a distinct count of several values; count the rows of "
+                "SELECT DISTINCT a, b ... WHERE a IS NOT NULL AND b IS NOT NULL in a subquery",
+                node=call,
+            )
+        present = " AND ".join(f"({t}) IS NOT NULL" for t in texts)
+        return kind, f"CASE WHEN {present} THEN 1 END"
+
+    def expanded(self, e: exp.Expression, scope: _Scope) -> list[str]:
+        """``e`` as Spark SQL over ``scope``: a star as the columns it stands for."""
+        cols = _star_columns(e, scope)
+        return [self.resolve(e, scope)] if cols is None else [c.internal for c in cols]
 
     def aggregate_value(self, out: str, a: ops.Agg, types: dict[str, T.DataType], aggs: dict[str, ops.Agg]) -> str:
         """Adds the engine's aggregates for SQL's ``a`` to ``aggs`` (``out``: the column of
@@ -754,6 +798,34 @@ def _line(node: object) -> int | None:
         return None
     lines = [i.meta["line"] for i in node.walk() if isinstance(i, exp.Identifier) and "line" in i.meta]
     return min(lines, default=None)
+
+
+def _using_column(rel: Rel, name: str, side: str) -> Col:
+    """The one column of ``rel`` that the unqualified ``name`` of a ``USING`` join names."""
+    found = [c for c in rel.cols if c.name.lower() == name.lower() and not c.hidden]
+    if len(found) != 1:
+        raise SqlError(f"USING ({name}): the {side} side has {len(found)} columns of that name; it needs one")
+    return found[0]
+
+
+def _common_names(left: Rel, right: Rel) -> list[str]:
+    """The column names a ``NATURAL`` join joins on: those of both sides, in the left's order."""
+    names = {c.name.lower() for c in right.cols if c.name and not c.hidden}
+    return [c.name for c in left.cols if c.name and not c.hidden and c.name.lower() in names]
+
+
+def _star_columns(e: exp.Expression, scope: _Scope) -> list[Col] | None:
+    """The columns of ``scope`` that ``e`` stands for if it is ``*`` or ``t.*`` (None if
+    it is no star)."""
+    column_star = isinstance(e, exp.Column) and isinstance(e.this, exp.Star)
+    if not (isinstance(e, exp.Star) or column_star):
+        return None
+    table = e.table.lower() if column_star else ""
+    # A column without a name is a scalar subquery's value, joined in: not the FROM's.
+    cols = [c for c in scope.cols if c.name and ((c.qualifier or "").lower() == table if table else not c.hidden)]
+    if not cols:
+        raise SqlError(f"{e.sql(DIALECT)} names no table of the FROM clause", node=e)
+    return cols
 
 
 def _columns(e: exp.Expression) -> list[exp.Column]:
@@ -864,7 +936,13 @@ def _scalar_item(subquery: exp.Subquery, keys: list[exp.Expression]) -> exp.Expr
 def _over_no_rows(item: exp.Expression) -> str:
     """An aggregate expression's value over no rows (``count`` 0, other aggregates NULL)."""
     return item.transform(
-        lambda n: exp.Literal.number(0) if isinstance(n, exp.Count) else exp.null() if isinstance(n, exp.AggFunc) else n
+        lambda n: (
+            exp.Literal.number(0)
+            if AGGREGATES.get(type(n)) == "count"
+            else exp.null()
+            if isinstance(n, exp.AggFunc)
+            else n
+        )
     ).sql(DIALECT)
 
 
@@ -906,17 +984,20 @@ def _group_by(node: exp.Select) -> list[exp.Expression]:
     return list(group.expressions) if group is not None else []
 
 
-def _aggregate_kind(call: exp.AggFunc) -> tuple[str, exp.Expression | None]:
-    """The engine's aggregate for a SQL aggregate call, and its argument (None for ``count(*)``)."""
+def _aggregate_kind(call: exp.AggFunc) -> tuple[str, list[exp.Expression] | None]:
+    """The engine's aggregate for a SQL aggregate call, and the values it reads (None for
+    ``count(*)``; several for ``count(a, b)``)."""
     kind = AGGREGATES[type(call)]  # the parser refused the others
     argument = call.this
+    if isinstance(call, exp.CountIf):
+        return "count", [exp.Nullif(this=argument.copy(), expression=exp.false())]
     if isinstance(argument, exp.Distinct):
-        if kind != "count" or len(argument.expressions) != 1:
-            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT one_expression)", node=call)
-        return "count_distinct", argument.expressions[0]
+        if kind != "count":
+            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT ...)", node=call)
+        return "count_distinct", list(argument.expressions)
     if isinstance(argument, exp.Star):
         return "count", None
-    return kind, argument
+    return kind, [argument, *(call.expressions if isinstance(call, exp.Count) else [])]
 
 
 def _aggregate_type(a: ops.Agg, types: dict[str, T.DataType]) -> T.DataType:

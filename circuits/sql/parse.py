@@ -62,12 +62,25 @@ _NONDETERMINISTIC = {
     "try_reflect",
     "reflect",
 }
-AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
-"""The SQL aggregates the engine maintains, by its ``Agg`` kind of each."""
+AGGREGATES = {
+    exp.Count: "count",
+    exp.Sum: "sum",
+    exp.Avg: "avg",
+    exp.Min: "min",
+    exp.Max: "max",
+    exp.LogicalAnd: "min",
+    exp.LogicalOr: "max",
+    exp.CountIf: "count",
+}
+"""The SQL aggregates the engine maintains, by its ``Agg`` kind of each.  They are Spark's
+own definitions: ``bool_and``/``every`` is ``min`` over booleans and ``bool_or``/``some``/
+``any`` is ``max`` (false < true; NULLs ignored, NULL over no value), ``count_if(p)`` is
+``count(NULLIF(p, false))``."""
+_MAINTAINED = "count, sum, avg, min, max, bool_and (every), bool_or (some, any) and count_if"
+_BOOLEAN_AGGREGATES = {"every": exp.LogicalAnd, "some": exp.LogicalOr, "any": exp.LogicalOr}
+"""Spark's other names of ``bool_and`` and ``bool_or``, which sqlglot reads as plain
+functions (``any(x)`` as ``x = ANY (subquery)``'s ``ANY``)."""
 _UNPARSED_AGGREGATES = {
-    "every",
-    "some",
-    "any",
     "std",
     "try_sum",
     "try_avg",
@@ -150,6 +163,7 @@ def _view(statement: str, line: int, file: str) -> View:
         )
     head = _HEAD.match(statement)
     body = statement[head.end() :].strip() if head else query.sql(DIALECT)
+    query = query.transform(_boolean_aggregate, copy=False)
     view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body)
     _refuse_unsupported(view, statement)
     return view
@@ -173,7 +187,7 @@ def _refuse_unsupported(view: View, statement: str) -> None:
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
         if reason is None and _lacking_aggregate(node):
-            reason = f"the aggregate {node.sql(DIALECT)} (the engine maintains count, sum, avg, min and max)"
+            reason = f"the aggregate {node.sql(DIALECT)} (the engine maintains {_MAINTAINED})"
         if reason is not None:
             raise view.error(
                 f"not supported in a maintained view: {reason}; remove it (or compute it downstream)",
@@ -181,13 +195,21 @@ def _refuse_unsupported(view: View, statement: str) -> None:
             )
 
 
+def _boolean_aggregate(node: exp.Expression) -> exp.Expression:
+    """``every(x)``, ``some(x)`` and ``any(x)`` as the ``bool_and``/``bool_or`` they are
+    (``x = ANY (subquery)`` is a comparison, not the aggregate)."""
+    if isinstance(node, exp.Anonymous) and node.name.lower() in _BOOLEAN_AGGREGATES and len(node.expressions) == 1:
+        return _BOOLEAN_AGGREGATES[node.name.lower()](this=node.expressions[0])
+    if isinstance(node, exp.Any) and not isinstance(node.this, (exp.Subquery, exp.Query)):
+        return exp.LogicalOr(this=node.this.unnest())
+    return node
+
+
 def _lacking_aggregate(node: exp.Expression) -> bool:
     """``node`` calls an aggregate the engine does not maintain (a window's own function
-    is the window's refusal; ``x = ANY (subquery)`` is a comparison, not the aggregate)."""
+    is the window's refusal)."""
     if isinstance(node.parent, exp.Window):
         return False
-    if isinstance(node, exp.Any):
-        return not isinstance(node.this, (exp.Subquery, exp.Query))
     unparsed = isinstance(node, exp.Anonymous) and node.name.lower() in _UNPARSED_AGGREGATES
     return unparsed or (isinstance(node, exp.AggFunc) and type(node) not in AGGREGATES)
 

@@ -150,9 +150,15 @@ def test_sql_views_equal_spark_batch_sql_durably_across_a_restart(spark, circuit
     """The same property over a real pipeline on Delta: each step's outputs are read back
     from its output log, and at a random step the pipeline dies (or stops) and a new one
     on the same root recovers from the last checkpoint and carries on."""
+    equals_spark_batch_durably(spark, VIEWS, circuit, steps, workers, tmp_path_factory)
+
+
+def equals_spark_batch_durably(spark, text: str, circuit, steps, workers: int, tmp_path_factory) -> None:
+    """:func:`equals_spark_batch` over a real pipeline on Delta, restarted at the step
+    that ``steps`` (steps, :class:`Restart`) names."""
     steps, restart = steps
     root = str(tmp_path_factory.mktemp("sql"))
-    run_and_compare_durably(spark, circuit, steps, workers, batch_integrals(spark), root, restart)
+    run_and_compare_durably(spark, circuit, steps, workers, batch_integrals(spark, text), root, restart)
 
 
 @pytest.mark.parametrize(

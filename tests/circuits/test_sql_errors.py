@@ -5,6 +5,7 @@ the end, with Spark)."""
 from __future__ import annotations
 
 import pytest
+from sqlglot import exp
 
 from circuits.errors import DbspError
 from circuits.sql import SqlError, compile_sql, parse_views
@@ -51,17 +52,24 @@ def test_unsupported_constructs_are_refused_with_view_and_line(query, construct)
     assert construct in message
 
 
-@pytest.mark.parametrize("call", ["every(v)", "some(v)", "any(v)", "bool_and(v)", "bool_or(v)", "std(k)"])
+@pytest.mark.parametrize("call", ["std(k)", "stddev(v)", "variance(v)", "skewness(v)"])
 def test_aggregates_the_engine_lacks_are_refused_as_aggregates(call):
-    """Spark's aggregates that sqlglot reads as plain functions (``every``, ``some``,
-    ``any``, ``std``) are named as aggregates, at parse time: left as a projection, they
-    were refused as "Spark cannot analyse" the compiler's rewrite."""
+    """Spark's aggregates that the engine does not maintain are named as aggregates, at
+    parse time (``std``, which sqlglot reads as a plain function, too: left as a
+    projection, it was refused as "Spark cannot analyse" the compiler's rewrite)."""
     message = refusal(f"CREATE MATERIALIZED VIEW bad AS\n  SELECT k, {call} AS b FROM a GROUP BY k;")
     assert message.lower().startswith(
         f"views.sql:2, view 'bad': not supported in a maintained view: the aggregate {call}"
     )
-    assert "count, sum, avg, min and max" in message
-    # ``x = ANY (subquery)`` is a comparison, not the aggregate
+    assert "count, sum, avg, min, max, bool_and (every), bool_or (some, any) and count_if" in message
+
+
+@pytest.mark.parametrize("call", ["every(v > 1)", "some(v > 1)", "any(v > 1)", "bool_and(v > 1)", "count_if(v > 1)"])
+def test_boolean_aggregates_are_taken_for_the_aggregates_they_are(call):
+    """``every``, ``some`` and ``any`` (plain functions to sqlglot) are ``bool_and`` and
+    ``bool_or``; ``x = ANY (subquery)`` is a comparison, not the aggregate."""
+    (view,) = parse_views(f"CREATE MATERIALIZED VIEW ok AS SELECT k, {call} AS b FROM a GROUP BY k;", "views.sql")
+    assert isinstance(view.query.expressions[1].this, (exp.LogicalAnd, exp.LogicalOr, exp.CountIf))
     parse_views("CREATE MATERIALIZED VIEW ok AS SELECT k FROM a WHERE k = ANY (SELECT k FROM b);", "views.sql")
 
 

@@ -62,3 +62,51 @@ def test_an_exists_subquery_in_an_exists_subquery(spark, workers, steps):
     circuit = compile_sql(NESTED_EXISTS, SCHEMAS, spark)
     equals_spark_batch(spark, NESTED_EXISTS, circuit, STEPS, workers)
     equals_spark_batch(spark, NESTED_EXISTS, circuit, steps, workers)
+
+
+USING_JOINS = """
+CREATE MATERIALIZED VIEW natural_inner AS SELECT * FROM a NATURAL JOIN b;
+CREATE MATERIALIZED VIEW using_left AS SELECT k, a.k AS ak, b.k AS bk, v, x FROM a LEFT JOIN b USING (k);
+CREATE MATERIALIZED VIEW using_right AS SELECT * FROM a RIGHT OUTER JOIN b USING (k);
+CREATE MATERIALIZED VIEW using_full AS
+  SELECT k, a.k AS ak, b.k AS bk, s, d FROM a FULL OUTER JOIN b USING (k) WHERE k IS NULL OR k <> 2;
+CREATE MATERIALIZED VIEW using_semi AS SELECT * FROM a LEFT SEMI JOIN b USING (k);
+CREATE MATERIALIZED VIEW using_star AS SELECT b.*, v FROM a JOIN b USING (k);
+CREATE MATERIALIZED VIEW natural_full_grouped AS SELECT k, count(*) AS n FROM a NATURAL FULL JOIN b GROUP BY k;
+CREATE MATERIALIZED VIEW using_three AS
+  SELECT k, v, p.s, x FROM a p JOIN a q USING (k, v) LEFT JOIN b USING (k);
+"""
+
+
+@at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
+def test_using_and_natural_joins(spark, workers, steps):
+    """natural-join.sql, using-join.sql: ``USING (k)`` and ``NATURAL`` joins (inner, left,
+    right, full, semi; chained), with Spark's columns: the key once first (the non-NULL
+    side's for a full join), then each side's others; ``a.k``/``b.k`` each side's own,
+    NULL where it had no match; ``b.*`` all of ``b``'s."""
+    circuit = compile_sql(USING_JOINS, SCHEMAS, spark)
+    equals_spark_batch(spark, USING_JOINS, circuit, STEPS, workers)
+    equals_spark_batch(spark, USING_JOINS, circuit, steps, workers)
+
+
+@pytest.mark.parametrize(
+    "query, column",
+    [
+        (
+            "SELECT k FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND EXISTS (SELECT 1 FROM b c WHERE c.x = a.v))",
+            "v",
+        ),
+        ("SELECT k FROM a WHERE k IN (SELECT b.k FROM b WHERE b.x IN (SELECT c.x FROM b c WHERE c.d > a.v))", "v"),
+        (
+            "SELECT k FROM a WHERE v < (SELECT count(*) FROM b WHERE b.k = a.k AND EXISTS (SELECT 1 FROM b c WHERE c.k = a.k))",
+            "k",
+        ),
+        ("SELECT k FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.x < (SELECT max(c.x) FROM b c WHERE c.k = a.k))", "k"),
+    ],
+)
+def test_a_subquery_reading_a_query_two_levels_out_is_refused_at_load(spark, query, column):
+    """A column of the outermost query read two subqueries down: Spark's analysis, which
+    the compiler asks before building anything, refuses it, so the view fails at load
+    naming the view and the column, never at a step."""
+    with pytest.raises(SqlError, match=rf"<sql>:1, view 'v': Spark cannot analyse the query: .*`a`\.`{column}`"):
+        compile_sql(f"CREATE MATERIALIZED VIEW v AS {query};", SCHEMAS, spark)

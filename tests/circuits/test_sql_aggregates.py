@@ -1,0 +1,88 @@
+"""Spark aggregates that are another aggregate by Spark's own definition, compiled from SQL:
+``bool_and``/``every`` (``min`` over booleans), ``bool_or``/``some``/``any`` (``max``),
+``count_if(p)`` (``count(NULLIF(p, false))``), and ``count`` of several values
+(``count(a, b)``, ``count(t.*, ...)``: the rows where none is NULL).
+Each view equals Spark batch SQL of the same text over the integrated inputs at every
+step (hypothesis, with NULLs, duplicates and deletes), at 1, 2 and 4 workers, and durably
+across a restart; over no rows they give Spark's values (NULL, 0)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import example
+
+from circuits.sql import compile_sql, parse_views
+
+from .harness import Restart, at_every_worker_count, insert_delete_steps, run_and_compare, with_restart
+from .test_sql import SCHEMAS, a_rows, b_rows, equals_spark_batch, equals_spark_batch_durably, spark_batch
+
+VIEWS = """
+CREATE MATERIALIZED VIEW booleans AS
+  SELECT k, bool_and(v > 1) AS all_big, bool_or(s = 'a') AS any_a, every(v IS NOT NULL) AS all_set,
+         some(v = 0) AS some_zero, any(s > 'a') AS any_after, count_if(v > 1) AS n_big
+  FROM a GROUP BY k HAVING bool_or(v > 0) OR count_if(s IS NULL) > 0;
+CREATE MATERIALIZED VIEW global_booleans AS
+  SELECT bool_and(x > 0) AS all_positive, bool_or(d < 0) AS any_negative, count_if(d > 0) AS n FROM b;
+CREATE MATERIALIZED VIEW counts AS
+  SELECT k, count(v, s) AS both_set, count(a.*, a.*) AS all_set, count(DISTINCT v) + count(k, 1) AS mixed
+  FROM a GROUP BY k;
+CREATE MATERIALIZED VIEW global_counts AS SELECT count(x, d) AS n, count(b.*, k) AS all_set FROM b;
+CREATE MATERIALIZED VIEW correlated AS
+  SELECT k, v, (SELECT count_if(x > 1) FROM b WHERE b.k = a.k) AS n,
+         (SELECT bool_or(x > 1) FROM b WHERE b.k = a.k) AS any_big FROM a;
+"""
+
+
+@pytest.fixture(scope="module")
+def circuit(spark):
+    return compile_sql(VIEWS, SCHEMAS, spark)
+
+
+@pytest.mark.slow
+@at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
+def test_aggregates_equal_spark_batch_sql(spark, circuit, workers, steps):
+    equals_spark_batch(spark, VIEWS, circuit, steps, workers)
+
+
+@pytest.mark.slow
+@at_every_worker_count(
+    with_restart(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=4)),
+    max_examples=1,
+    workers=(1, 2),
+)
+@example(
+    steps=(
+        [
+            {"a": [(1, 2, "a", 2), (1, None, None, 1), (2, 0, "b", 1)], "b": [(1, 3, 2.25, 1), (None, 1, None, 1)]},
+            {"a": [(1, 2, "a", -1), (2, 3, "a", 1)], "b": [(1, 3, 2.25, -1), (1, 0, -1.5, 1)]},
+            {"a": [(1, 2, "a", -1), (2, 0, "b", -1)], "b": [(None, 1, None, -1)]},
+        ],
+        Restart(1, "after_output"),
+    )
+)
+def test_aggregates_equal_spark_batch_sql_durably_across_a_restart(spark, circuit, tmp_path_factory, workers, steps):
+    """Their state (the integrals ``min``/``max`` read) on Delta, recovered after the
+    pipeline dies at a random step."""
+    equals_spark_batch_durably(spark, VIEWS, circuit, steps, workers, tmp_path_factory)
+
+
+def test_aggregates_over_nulls_and_no_rows(spark, circuit):
+    """Fixed steps: a group whose values are all NULL (``bool_and`` NULL, ``count_if`` 0,
+    ``count(v, s)`` 0), the global aggregates over an empty ``b`` (NULL, NULL, 0), then
+    every row of a group deleted."""
+    views = parse_views(VIEWS)
+    steps = [
+        {"a": [(1, None, None, 1), (1, None, "a", 1), (2, 3, "a", 1)], "b": []},
+        {"a": [(2, 0, "b", 1)], "b": [(1, 3, 2.25, 1), (1, None, -1.5, 1)]},
+        {"a": [(2, 3, "a", -1), (2, 0, "b", -1)], "b": [(1, 3, 2.25, -1), (1, None, -1.5, -1)]},
+    ]
+
+    def expected(t, deltas, integrated):
+        batch = spark_batch(spark, views, integrated)
+        if t == 0:
+            assert batch["global_booleans"] == {(None, None, 0): 1}
+            assert batch["booleans"][(1, None, True, False, None, False, 0)] == 1
+            assert batch["counts"][(1, 0, 0, 2)] == 1
+        return {name: ("integral", z) for name, z in batch.items()}
+
+    run_and_compare(spark, circuit, steps, 1, expected)
