@@ -212,13 +212,12 @@ def write_tables(
     Arrow for each row: a large write's most costly part.  Apart, each table adds writer
     tasks (a Python worker each): a small write's most costly part."""
     names, orders = list(parts), orders or {}
-    new = _new_schemas(parts)
     targets = {}
     for i, name in enumerate(names):
         uri, df = parts[name]
         # An existing table's schema is the frame's (a writer's cast fails otherwise), and
         # reading it from the Delta log saves a round trip to Spark.
-        schema = ensured_schema(uri, lambda name=name, df=df: new.get(name) or arrow_schema(df.drop(FILE).schema))
+        schema = ensured_schema(uri, lambda df=df: arrow_schema(df.drop(FILE).schema))
         targets[i] = Target(uri, schema, orders.get(name, ()), rows)
     frames = {name: df for name, (_, df) in parts.items()}
     writer = _writer(targets)
@@ -238,16 +237,6 @@ def write_tables(
     for row in described:
         written[names[row.dest]].actions.append(AddAction(row.path, row.size, {}, now, True, row.stats))
     return written
-
-
-def _new_schemas(parts: dict[str, tuple[str, DataFrame]]) -> dict[str, pa.Schema]:
-    """The schemas of the local tables of ``parts`` not created yet (a new pipeline's every
-    table), asked of Spark with one analysis of their union rather than one round trip each."""
-    new = {name: df.drop(FILE) for name, (uri, df) in parts.items() if table_identity(uri) is None}
-    if not new:
-        return {}
-    packed = pack(new).schema
-    return {name: arrow_schema(packed[part_column(i)].dataType) for i, name in enumerate(new)}
 
 
 def commit(
