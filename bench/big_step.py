@@ -22,15 +22,19 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 from common import SPARK_DEFAULTS, timed
+from deltalake import DeltaTable
 from state_scale import VIEWS, Server, peer_inputs, recompute, server_arguments, weighted
 
 from circuits.library import nexmark_circuit
 from circuits.library.nexmark import SCHEMAS
 from circuits.spark import remote_session, round_trips
-from storage.delta import delta_tables
+from storage import database, delta, logs
+from storage.delta import add_actions, delta_tables
 from storage.logs import Range
 from storage.pipeline import Pipeline
 
@@ -63,6 +67,18 @@ def used(now: tuple[float, float], before: tuple[float, float]) -> tuple[float, 
     return now[0] - before[0], now[1] - before[1]
 
 
+def round_trip_sites(trace: str) -> list[str]:
+    """The traced round trips summed by RPC and innermost call site, most seconds first."""
+    count: Counter = Counter()
+    spent: Counter = Counter()
+    for line in trace.splitlines():
+        rpc, _, seconds, _, *sites = line.split()
+        site = (rpc, sites[0] if sites else "?")
+        count[site] += 1
+        spent[site] += float(seconds)
+    return [f"{count[site]:>3} {seconds:7.2f} s  {site[0]} {site[1]}" for site, seconds in spent.most_common()]
+
+
 def jobs_since(server: Server, job: int, started: float) -> list[str]:
     """The jobs after ``job``: seconds from ``started`` (epoch) to each one's submission,
     its duration and stages; the gaps between them are the driver's and client's work."""
@@ -87,11 +103,50 @@ def stages_since(server: Server, job: int) -> list[dict]:
     )
 
 
-def files_written(root: str) -> Counter:
-    """Data files per Delta table under ``root``."""
-    return Counter(
-        {os.path.relpath(t, root): sum(f.endswith(".parquet") for f in os.listdir(t)) for t in delta_tables(root)}
-    )
+def written(root: str, events: int) -> list[str]:
+    """Per Delta table under ``root``: its data files, rows and bytes, and rows and bytes per
+    input event (what a first load writes per row it takes)."""
+    lines = []
+    for uri in sorted(delta_tables(root)):
+        adds = add_actions(DeltaTable(uri))
+        rows, size = sum(adds.column("num_records").to_pylist()), sum(adds.column("size_bytes").to_pylist())
+        lines.append(
+            f"  {os.path.relpath(uri, root):40} {adds.num_rows:>3} files {rows:>11,} rows {size / 1e6:8.1f} MB"
+            f"  per event {rows / events:5.2f} rows {size / events:6.1f} B"
+        )
+    return lines
+
+
+def tasks_by_table(server: Server, stage: dict, tables: list[str]) -> list[str]:
+    """The write stage's task time per table: its tasks run the union of the tables'
+    writers, branch after branch, so task ``i`` belongs to the branch its index falls in."""
+    tasks = server.rest(f"stages/{stage['stageId']}/{stage['attemptId']}/taskList?length=10000")
+    per = len(tasks) // max(len(tables), 1)
+    spent: Counter = Counter()
+    for task in tasks:
+        metrics = task.get("taskMetrics", {})
+        spent[tables[min(task["index"] // per, len(tables) - 1)]] += metrics.get("executorRunTime", 0) / 1000
+    return [f"  {seconds:7.1f} s  {name}" for name, seconds in spent.most_common()]
+
+
+@contextmanager
+def recorded_writes(order: list) -> Iterator[None]:
+    """Appends to ``order`` the tables of each :func:`storage.delta.write_tables` call of the
+    step (its writers' order), for the per-table profile of the write stage."""
+    original = delta.write_tables
+
+    def recording(parts, *args, **kwargs):
+        order.append([os.path.relpath(uri, os.path.dirname(os.path.dirname(uri))) for uri, _ in parts.values()])
+        return original(parts, *args, **kwargs)
+
+    modules = [database, logs]
+    for module in modules:
+        module.write_tables = recording
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.write_tables = original
 
 
 def events(spark, base: str) -> dict:
@@ -99,11 +154,12 @@ def events(spark, base: str) -> dict:
     return {name: spark.read.schema(SCHEMAS[name]).parquet(os.path.join(base, name, "base")) for name in SCHEMAS}
 
 
-def load(spark, root: str, base: str, workers: int) -> tuple[Pipeline, float, float]:
-    """A new pipeline at ``root`` whose first step is the events under ``base``; the
-    seconds its input took to persist, then to run."""
+def load(spark, root: str, base: str, events_count: int, workers: int) -> tuple[Pipeline, float, float]:
+    """A new pipeline at ``root`` whose first step is the ``events_count`` events under
+    ``base`` (its division: that many offsets of one partition); the seconds its input took
+    to persist, then to run."""
     pipeline = Pipeline(spark, root, nexmark_circuit("big", VIEWS), workers=workers)
-    submit = timed(lambda: pipeline.submit(0, weighted(events(spark, base)), [Range("bench", 0, 0, 1)]))
+    submit = timed(lambda: pipeline.submit(0, weighted(events(spark, base)), [Range("bench", 0, 0, events_count)]))
     return pipeline, submit, timed(pipeline.run)
 
 
@@ -116,13 +172,14 @@ def profile(spark, server: Server, args: argparse.Namespace) -> None:
     base = peer_inputs(peer, args.data, args.events)
     for warm in range(args.warmup):  # the smallest cached input, loaded on pipelines of their own and recomputed
         small = peer_inputs(peer, args.data, 100_000)
-        load(spark, os.path.join(args.root, f"warm-{warm}"), small, args.workers)
+        load(spark, os.path.join(args.root, f"warm-{warm}"), small, 100_000, args.workers)
         recompute(peer, small, os.path.join(root, "no-added"))
     job = server.jobs_since(-1)[0]
     cpu, started = cpu_seconds(server.pid), time.time()
     trace = io.StringIO()
-    with server.sampled(), round_trips(spark, trace=trace):
-        pipeline, submit, run = load(spark, root, base, args.workers)
+    order = []  # the tables of each write, in the order its writers' tasks run
+    with server.sampled(), round_trips(spark, trace=trace), recorded_writes(order):
+        pipeline, submit, run = load(spark, root, base, args.events, args.workers)
     cpu, step_cpu = cpu_seconds(server.pid), used(cpu_seconds(server.pid), cpu)
     stages, jobs = stages_since(server, job), jobs_since(server, job, started)
     redo = recompute(peer, base, os.path.join(root, "no-added"))
@@ -137,6 +194,8 @@ def profile(spark, server: Server, args: argparse.Namespace) -> None:
         f" step / recompute {sum(step_cpu) / sum(redo_cpu):.2f}x"
     )
     print("the step's jobs:", "; ".join(jobs))
+    print("its round trips by RPC and innermost call site (count, seconds):")
+    print("".join(f"  {line}\n" for line in round_trip_sites(trace.getvalue())), end="")
     print("its round trips of a second or more (RPC, start, seconds, thread, call sites):")
     print("".join(f"  {line}\n" for line in trace.getvalue().splitlines() if float(line.split()[2]) >= 1.0), end="")
     print(f"server peak resident {server.rss_peak / 2**30:.2f} GB; {len(stages)} stages, longest first:")
@@ -147,7 +206,10 @@ def profile(spark, server: Server, args: argparse.Namespace) -> None:
             f" shuffle r/w {s['shuffleReadBytes'] / 1e6:7.1f}/{s['shuffleWriteBytes'] / 1e6:7.1f} MB"
             f" out {s['outputRecords']:>9,}  {s['name'][:60]}"
         )
-    print("data files per table:", dict(files_written(root)))
+    print("the longest stage's task time per table (if it is the step's write):")
+    print("\n".join(tasks_by_table(server, stages[0], order[-1])))
+    print("written per table (files, rows, bytes; per input event):")
+    print("\n".join(written(root, args.events)))
 
 
 def main() -> None:

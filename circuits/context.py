@@ -54,6 +54,9 @@ class StepContext:
     shared: list[DataFrame] = field(default_factory=list)
     asked: dict[str, Asked] = field(default_factory=dict)
     """The keys of the step's lookups into large traces, by lookup (see :meth:`NodeContext.lookup`)."""
+    found_nothing: list[DataFrame] = field(default_factory=list)
+    """Lookup results known to hold no rows: their trace does not exist yet (a pipeline's
+    first step, a load).  :meth:`share` passes them on as they are."""
 
     def route(self, df: DataFrame, *, scanned: bool = False) -> DataFrame:
         """``df`` (which has a :data:`VNODE` column) with its routing columns, on the worker
@@ -89,6 +92,10 @@ class StepContext:
         (about 50 relations)."""
         if empty:
             return nothing(self.spark, df.schema)
+        if any(df is found for found in self.found_nothing):
+            # Its plan is a false filter, which Spark prunes with every term it empties; a
+            # checkpoint would hide that, and costs a round trip.
+            return df
         cut = df.localCheckpoint(eager=False)
         self.shared.append(cut)
         return cut.coalesce(1) if self.single else cut
@@ -264,7 +271,9 @@ class NodeContext:
         keyed ones (shared ones included) stay partitioned by worker, so groupings over
         them stay in place and state files keep one worker's vnodes each.  ``template``
         is keyed (it has the routing columns)."""
-        return self.step.route(empty_like(template))
+        found = self.step.route(empty_like(template))
+        self.step.found_nothing.append(found)
+        return found
 
 
 def _key_columns(count: int) -> list[str]:

@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from circuits.runner import LAYOUT_KEY, OUTPUT, SMALL_STEP_ROWS, STATE
+from circuits.runner import LAYOUT_KEY, OUTPUT, STATE
 from circuits.sharding import PART, VNODE, exchange, unit_of, worker_of
 from circuits.state import FILE, StateStore
 from circuits.vnodes import Layout
@@ -36,6 +36,7 @@ from .delta import (
     REOPEN_COMMITS,
     WrittenFiles,
     add_actions,
+    apart,
     commit,
     paths,
     read_files,
@@ -78,11 +79,6 @@ COMPACT_FILES = 16
 """A small trace spread over more files than this is rewritten whole, consolidated, by the
 next step that adds to it, in that step's own job: every lookup reads a small trace
 whole, and each file costs more to open than its rows cost to read."""
-APART_ROWS = SMALL_STEP_ROWS
-"""A step of more input rows than this sends each table's rows to writer tasks of their own
-(see :func:`storage.delta.write_tables`, ``apart``); a smaller one packs them into one
-union.  Measured (``bench/RESULTS.md``, issue 30): apart cut a 10M-event first step's
-server CPU by a third, and made a 1,000-event step 1.40-1.47x slower."""
 CLUSTER_ROWS = 250_000
 """A step's file of a trace holding more rows than this (a large step's, such as a load's)
 is written sorted by the trace's lookup keys and cut into files of this many rows (see
@@ -265,11 +261,16 @@ class DeltaStateStore(StateStore):
             return None
         return read_files(self.spark, self._uri(table), table_schema(delta), files, self._tables[table])
 
+    def _rows(self, table: str) -> int | None:
+        """Rows of the trace by its files' statistics (None: a file has none)."""
+        rows = add_actions(self._pinned(table)).column("num_records").to_pylist()
+        return None if None in rows else sum(rows)
+
     def is_small(self, table: str) -> bool:
         if table not in self._tables:
             return False
-        rows = add_actions(self._pinned(table)).column("num_records").to_pylist()
-        return None not in rows and sum(rows) <= SMALL_TRACE_ROWS
+        rows = self._rows(table)
+        return rows is not None and rows <= SMALL_TRACE_ROWS
 
     def prunes(self, table: str) -> bool:
         """Any trace that is not small: see :data:`SMALL_TRACE_ROWS`."""
@@ -304,8 +305,8 @@ class DeltaStateStore(StateStore):
     def materialize(self, parts: dict[str, DataFrame], rows: int | None = None) -> dict[str, DataFrame]:
         """See :meth:`circuits.state.StateStore.materialize`.  A crowded small trace (see
         :data:`COMPACT_FILES`) is written whole, consolidated with the step's delta, and
-        :meth:`apply` replaces its files.  A step of more than :data:`APART_ROWS` input
-        rows writes each table by writer tasks of its own."""
+        :meth:`apply` replaces its files.  A step of more than :data:`storage.delta.APART_ROWS`
+        input rows writes each table by writer tasks of its own."""
         targets, layout, self._rewrites = {}, self.layout(), {}
         for name, df in parts.items():
             if name.startswith(OUTPUT):
@@ -320,8 +321,7 @@ class DeltaStateStore(StateStore):
                 df = whole.withColumn(FILE, worker_of(layout, F.col(VNODE)))
             targets[name] = (self._uri(table), df)
         orders = {f"{STATE}{table}": order for table, order in self._orders.items()}
-        apart = rows is not None and rows > APART_ROWS
-        written = write_tables(targets, orders, CLUSTER_ROWS, apart=apart)
+        written = write_tables(targets, orders, CLUSTER_ROWS, apart=apart(rows))
         self.written_outputs = {n[len(OUTPUT) :]: w for n, w in written.items() if n.startswith(OUTPUT)}
         self._pending = {n[len(STATE) :]: w for n, w in written.items() if n.startswith(STATE)}
         return {
@@ -340,8 +340,10 @@ class DeltaStateStore(StateStore):
                 self._tables.setdefault(name, 0)  # version 0: created empty by write_tables
 
     def compact(self) -> dict[str, tuple[int, int]]:
-        """Rewrites every trace consolidated (weights summed, zeros dropped) in one Spark job,
-        replacing its files in one Delta commit each.  Results do not change: a trace is a
+        """Rewrites every trace consolidated (weights summed, zeros dropped) in one Spark job
+        (each trace by writers of its own when they hold more than
+        :data:`storage.delta.APART_ROWS` rows together), replacing its files in one Delta
+        commit each.  Results do not change: a trace is a
         Z-set, and consolidation is its identity.  Returns ``table -> (files before, after)``."""
         traces = {name: self.scan(name) for name in self._tables}
         layout = self.layout()
@@ -349,7 +351,9 @@ class DeltaStateStore(StateStore):
             name: (self._uri(name), _by_owner(consolidate(df), layout)) for name, df in traces.items() if df is not None
         }
         before = {name: paths(self._pinned(name)) for name in parts}
-        written = write_tables(parts, self._orders, CLUSTER_ROWS) if parts else {}
+        counts = [self._rows(name) for name in parts]
+        rows = None if None in counts else sum(counts)
+        written = write_tables(parts, self._orders, CLUSTER_ROWS, apart=apart(rows)) if parts else {}
         for name, files in written.items():
             self._commit(name, files, "compact", self._version + 1, before[name])
         return {name: (len(before[name]), len(files.actions)) for name, files in written.items()}
@@ -357,7 +361,8 @@ class DeltaStateStore(StateStore):
     def relayout(self, layout: Layout, vnodes: Collection[int], since: dict[str, int] | None = None) -> Relayout:
         """Writes, without committing, every trace file that holds one of ``vnodes`` again,
         partitioned by ``layout`` (each new file holds one worker's vnodes).  With ``since``,
-        only files added after those table versions (a hot change's catch-up).  One Spark job."""
+        only files added after those table versions (a hot change's catch-up).  One Spark job,
+        written as :meth:`compact` writes."""
         wanted = sorted(vnodes)
         parts, removed, rows, nbytes = {}, {}, 0, 0
         for name, version in self._tables.items():
@@ -372,7 +377,7 @@ class DeltaStateStore(StateStore):
             files = [f"{table.table_uri.rstrip('/')}/{a['path']}" for a in hit]
             data = read_files(self.spark, self._uri(name), table_schema(table), files, version)
             parts[name] = (self._uri(name), _by_owner(data, layout))
-        written = write_tables(parts, self._orders, CLUSTER_ROWS) if parts else {}
+        written = write_tables(parts, self._orders, CLUSTER_ROWS, apart=apart(rows)) if parts else {}
         return Relayout(layout, dict(self._tables), written, removed, rows, nbytes)
 
     def apply_relayout(self, *changes: Relayout) -> None:

@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
+from circuits.runner import SMALL_STEP_ROWS
 from circuits.spark import map_in_arrow
 from circuits.state import DEST, FILE, branches, pack, packed_columns, part_column
 from circuits.zset import add, empty_like
@@ -177,6 +178,19 @@ class WrittenFiles:
     @property
     def paths(self) -> list[str]:
         return [os.path.join(self.uri, a.path) for a in self.actions]
+
+
+APART_ROWS = SMALL_STEP_ROWS
+"""A write of more rows than this (a step's input rows, a compaction's or relayout's trace
+rows) sends each table's rows to writer tasks of their own (see :func:`write_tables`,
+``apart``); a smaller one packs them into one union.  Measured (``bench/RESULTS.md``, issue
+30): apart cut a 10M-event first step's server CPU by a third, and made a 1,000-event step
+1.40-1.47x slower."""
+
+
+def apart(rows: int | None) -> bool:
+    """Whether a write of ``rows`` rows (None: not known) sends each table to writers of its own."""
+    return rows is not None and rows > APART_ROWS
 
 
 def write_tables(

@@ -21,6 +21,7 @@ from circuits.zset import WEIGHT, with_weight_schema
 from .delta import (
     WrittenFiles,
     add_actions,
+    apart,
     arrow_schema,
     commit,
     latest,
@@ -114,6 +115,11 @@ class Range:
     partition: int
     start: int
     end: int
+
+
+def records(ranges: list[Range]) -> int:
+    """The records of a division: its offsets (an offset a source skips counts too)."""
+    return sum(r.end - r.start for r in ranges)
 
 
 _DIVISION_SCHEMA = pa.schema(
@@ -302,10 +308,13 @@ class InputLog:
         dead_letters: DataFrame | None = None,
         taken: DataFrame | None = None,
         keep: bool = False,
+        records: int | None = None,
     ) -> None:
         """Writes ``step``'s input for every handle (absent handles: empty), its dead
         letters (``DEAD_LETTER_SCHEMA``) and the bytes it took (``TAKEN_SCHEMA``), once,
-        with one Spark job (none when every input is absent).  The dead letters and the
+        with one Spark job (none when every input is absent): each table by writers of its
+        own when ``records``, the records of the step's division, are more than
+        :data:`storage.delta.APART_ROWS` (see :func:`storage.delta.write_tables`).  The dead letters and the
         bytes taken are committed before the inputs, whose commits mark the step
         persisted; a failed job commits nothing.  ``keep``: :meth:`read` returns
         ``inputs`` themselves for the step (until :meth:`forget`), so they must stay
@@ -329,7 +338,8 @@ class InputLog:
                 parts[name] = (uri, df.select(*schema.names))
         if parts:
             step_column = F.lit(step).cast("bigint")
-            written |= write_tables({n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()})
+            stepped = {n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()}
+            written |= write_tables(stepped, apart=apart(records))
         # No empty version for a step without dead letters or byte-ranged sources: a replay
         # that finds none recorded reads the same records and writes the same nothing.
         dead = written.pop(DEAD_LETTERS, None)

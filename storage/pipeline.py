@@ -39,7 +39,7 @@ from .delta import delta_tables
 from .errors import StaleWriterError, StepOrderError, ViewError
 from .faults import failpoint
 from .lease import Holder, Lease, LeaseRecord
-from .logs import DivisionLog, InputLog, OutputLog, Range
+from .logs import DivisionLog, InputLog, OutputLog, Range, records
 from .sinks import Sinks
 from .views import CurrentViews, retained_view_versions
 from .worker import Worker
@@ -179,7 +179,7 @@ class Pipeline:
         """Records ``step``'s division, then persists its input (both idempotent)."""
         self.divisions.record(step, ranges)
         failpoint("after_division", step)
-        self.inputs.persist(step, inputs)
+        self.inputs.persist(step, inputs, records=records(ranges))
         failpoint("after_input", step)
 
     def run(self, through: int | None = None) -> int:
@@ -203,9 +203,12 @@ class Pipeline:
         if step >= self.divisions.next_step():
             raise StepOrderError(f"step {step} has no recorded division yet: the sensor has not cut it")
         taken = self.inputs.taken_before(step)
+        division = self.divisions.get(step)
         with ExitStack() as scope:
-            read = scope.enter_context(reader(self.spark, self.divisions.get(step), self.circuit.inputs, taken))
-            self.inputs.persist(step, read.inputs, read.dead_letters, read.taken, keep=held is not None)
+            read = scope.enter_context(reader(self.spark, division, self.circuit.inputs, taken))
+            self.inputs.persist(
+                step, read.inputs, read.dead_letters, read.taken, keep=held is not None, records=records(division)
+            )
             failpoint("after_input", step)
             if held is not None:
                 held.enter_context(scope.pop_all())

@@ -10,7 +10,7 @@ import pytest
 
 from circuits import from_rows, runner
 from circuits.library import word_count
-from storage import database, logs
+from storage import delta, logs
 from storage.errors import LeaseHeldError, StepOrderError
 from storage.faults import InjectedCrash
 from storage.lease import Holder, Lease
@@ -80,7 +80,7 @@ def test_a_crash_after_the_input_log_or_during_the_state_of_a_step_computed_from
 ):
     if large:  # every step takes a large step's paths: planned across workers, each table written apart
         monkeypatch.setattr(runner, "SMALL_STEP_ROWS", 0)
-        monkeypatch.setattr(database, "APART_ROWS", 0)
+        monkeypatch.setattr(delta, "APART_ROWS", 0)
     root, reader = str(tmp_path / "p"), RowsReader()
     divide(Pipeline(spark, root, word_count(), workers=2), len(STEPS))
     monkeypatch.setenv("DBSP_FAULT_MODE", "raise")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections import Counter
@@ -13,7 +14,8 @@ from deltalake import DeltaTable
 from circuits import Circuit, agg, from_rows
 from circuits.library import word_count
 from circuits.library.wordcount import WORDS_SCHEMA
-from storage import database
+from circuits.spark import round_trips
+from storage import database, logs
 from storage import delta as delta_module
 from storage.delta import delta_tables
 from storage.errors import (
@@ -255,9 +257,9 @@ def test_a_large_step_writes_each_table_apart_and_a_small_one_packed_with_the_sa
     spark, pipeline, tmp_path, monkeypatch
 ):
     """A large step sends each table's rows to writer tasks of their own; a small one packs
-    every table into one union (each way's cost, see ``database.APART_ROWS``)."""
+    every table into one union (each way's cost, see ``storage.delta.APART_ROWS``)."""
     reference = _fresh(spark, str(tmp_path / "reference"))
-    monkeypatch.setattr(database, "APART_ROWS", 2)
+    monkeypatch.setattr(delta_module, "APART_ROWS", 2)
     apart, write_tables = [], database.write_tables
 
     def recorded(*args, **kwargs):
@@ -269,6 +271,49 @@ def test_a_large_step_writes_each_table_apart_and_a_small_one_packed_with_the_sa
     assert apart == [True, False, True]  # the steps' input rows: 3, 2, 3
     assert totals(pipeline, 2) == totals(reference, 2)
     assert_files_follow_owners(pipeline)  # either way, a trace's file holds one worker's vnodes
+
+
+def test_a_large_division_compaction_and_relayout_write_each_table_apart_with_the_same_results(
+    spark, tmp_path, monkeypatch
+):
+    """Each write of more than ``APART_ROWS`` rows sends every table to writer tasks of its
+    own: a step's input log when its division holds more records (offsets; 10 a step
+    here), a compaction or a relayout when the traces it rewrites hold more rows."""
+    reference = _fresh(spark, str(tmp_path / "reference"))
+    monkeypatch.setattr(delta_module, "APART_ROWS", 2)
+    writes = []
+    for module in (database, logs):
+
+        def recorded(*args, write_tables=module.write_tables, **kwargs):
+            writes.append((inspect.stack()[1].function, kwargs.get("apart", False)))
+            return write_tables(*args, **kwargs)
+
+        monkeypatch.setattr(module, "write_tables", recorded)
+    pipeline = _fresh(spark, str(tmp_path / "wc"))
+    monkeypatch.setattr(delta_module, "APART_ROWS", 0)  # the traces moved hold a row or two
+    pipeline.compact()
+    pipeline.rescale(3)
+    steps = [("persist", True)] * 3 + [("materialize", True), ("materialize", False), ("materialize", True)]
+    assert writes == [*steps, ("compact", True), ("relayout", True)]
+    assert totals(pipeline, 2) == totals(reference, 2)
+    assert_files_follow_owners(pipeline)
+
+
+def test_a_first_step_checkpoints_no_lookup_of_a_trace_not_written_yet(spark, pipeline, tmp_path):
+    """A new pipeline's first step (a load) looks up traces that do not exist yet: what
+    those lookups find is known to be nothing, so it is not checkpointed for the step (a
+    round trip each, and a checkpoint hides from Spark's optimizer that the terms it
+    feeds are empty).  Lookups of written traces still are (the second step's)."""
+    reference = _fresh(spark, str(tmp_path / "reference"))
+    counted = []
+    for through in (0, 1):
+        with round_trips(spark) as calls:
+            Pipeline(spark, pipeline.root, word_count(), workers=2).run(through=through)
+        counted.append(calls["ExecutePlan"])
+    # The aggregate's lookup of its groups is checkpointed in the second step only (3 on
+    # the code that checkpointed it in both).
+    assert counted == [2, 3]
+    assert totals(pipeline, 1) == totals(reference, 1)
 
 
 def test_compaction_consolidates_traces_and_changes_no_result(spark, pipeline, tmp_path):
