@@ -644,15 +644,14 @@ class _Compiler:
         """``GROUP BY`` (or a global aggregate): the group keys and each aggregate's argument
         projected, grouped, and the select list and HAVING rewritten over the result."""
         keys = [self.resolve(self._group_expression(g, node, scope), scope) for g in _group_by(node)]
-        calls: dict[str, tuple[str, exp.AggFunc]] = {}
+        calls: dict[str, tuple[str, exp.Expression]] = {}
         for e in [*node.expressions, node.args.get("having")]:
-            for call in _outside_subqueries(e) if e else []:
-                if isinstance(call, exp.AggFunc):
-                    if _has_subquery(call):
-                        raise SqlError(
-                            f"a subquery inside an aggregate is not supported: {call.sql(DIALECT)[:80]}", node=call
-                        )
-                    calls.setdefault(self.resolve(call, scope), (self.fresh(), call))
+            for call in _aggregate_calls(e) if e else []:
+                if _has_subquery(call):
+                    raise SqlError(
+                        f"a subquery inside an aggregate is not supported: {call.sql(DIALECT)[:80]}", node=call
+                    )
+                calls.setdefault(self.resolve(call, scope), (self.fresh(), call))
         key_cols = [self.fresh() for _ in keys]
         grouped, values = self.grouped(rel, scope, dict(zip(key_cols, keys)), calls)
         having = node.args.get("having")
@@ -689,7 +688,7 @@ class _Compiler:
         return grouped, _Scope(grouped.cols), items
 
     def grouped(
-        self, rel: Rel, scope: _Scope, keys: dict[str, str], calls: dict[str, tuple[str, exp.AggFunc]]
+        self, rel: Rel, scope: _Scope, keys: dict[str, str], calls: dict[str, tuple[str, exp.Expression]]
     ) -> tuple[Rel, dict[str, str]]:
         """``rel`` grouped by ``keys`` (column -> Spark SQL; none: one global group, also
         over no rows) with the aggregate ``calls`` (Spark SQL -> column, call), and each
@@ -718,10 +717,17 @@ class _Compiler:
         cols = [Col(None, c, c) for c in [*keys, *aggs]]
         return Rel(stream, cols, types), values
 
-    def aggregate_argument(self, call: exp.AggFunc, scope: _Scope) -> tuple[str, str | None]:
+    def aggregate_argument(self, call: exp.Expression, scope: _Scope) -> tuple[str, str | None]:
         """The engine's aggregate for a SQL aggregate call, and its argument as Spark SQL
         over ``scope`` (None for ``count(*)``).  ``count`` of several values (``count(a, b)``,
-        ``t.*`` expanded) counts, as Spark does, the rows where none is NULL."""
+        ``t.*`` expanded) counts, as Spark does, the rows where none is NULL.
+        ``agg(x) FILTER (WHERE p)`` skips the rows where ``p`` is not true: it is
+        ``agg(CASE WHEN p THEN x END)``, as every aggregate here ignores NULLs (``count(*)``'s
+        value is 1), so over no passing row it gives what ``agg`` gives over none."""
+        if isinstance(call, exp.Filter):
+            kind, argument = self.aggregate_argument(call.this, scope)
+            passing = self.resolve(call.expression.this, scope)
+            return kind, f"CASE WHEN {passing} THEN {argument or 1} END"
         kind, values = _aggregate_kind(call)
         if values is None:
             return kind, None
@@ -923,7 +929,7 @@ def _scalar_item(subquery: exp.Subquery, keys: list[exp.Expression]) -> exp.Expr
             node=subquery,
         )
     item = query.expressions[0].unalias()
-    for column in _columns(item.transform(lambda n: exp.null() if isinstance(n, exp.AggFunc) else n)):
+    for column in _columns(item.transform(lambda n: exp.null() if _is_call(n) else n)):
         if column.sql(DIALECT) not in key_texts:
             raise SqlError(
                 f"a scalar subquery's value reads {column.sql(DIALECT)} outside an aggregate: {text}; "
@@ -938,9 +944,9 @@ def _over_no_rows(item: exp.Expression) -> str:
     return item.transform(
         lambda n: (
             exp.Literal.number(0)
-            if AGGREGATES.get(type(n)) == "count"
+            if AGGREGATES.get(type(n.this if isinstance(n, exp.Filter) else n)) == "count"
             else exp.null()
-            if isinstance(n, exp.AggFunc)
+            if _is_call(n)
             else n
         )
     ).sql(DIALECT)
@@ -977,6 +983,20 @@ def _is_aggregate(query: exp.Select) -> bool:
         if e is not None
         for n in _outside_subqueries(e)
     )
+
+
+def _is_call(node: exp.Expression) -> bool:
+    """``node`` is an aggregate call: ``agg(...)``, or ``agg(...) FILTER (WHERE p)`` whole."""
+    return isinstance(node, exp.AggFunc) or (isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc))
+
+
+def _aggregate_calls(e: exp.Expression) -> list[exp.Expression]:
+    """The aggregate calls of ``e`` (outside its subqueries), a ``FILTER`` with its call."""
+    return [
+        n
+        for n in _outside_subqueries(e)
+        if _is_call(n) and not (isinstance(n.parent, exp.Filter) and n.arg_key == "this")
+    ]
 
 
 def _group_by(node: exp.Select) -> list[exp.Expression]:
