@@ -150,7 +150,11 @@ class Served:
 
 def line(name: str, samples: list[dict]) -> str:
     queue, run = (statistics.median(s[k] for s in samples) for k in ("queue", "run"))
-    return f"{name:28s} queue {queue:5.2f} s + run {run:6.2f} s = launch to success {queue + run:6.2f} s"
+    totals = sorted(s["queue"] + s["run"] for s in samples)
+    return (
+        f"{name:28s} queue {queue:5.2f} s + run {run:6.2f} s = launch to success {queue + run:6.2f} s"
+        f" (each {totals[0]:.2f}..{totals[-1]:.2f})"
+    )
 
 
 def main() -> None:

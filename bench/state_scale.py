@@ -191,6 +191,8 @@ LOOKUPS: list[tuple[str, int, int]] = []
 OPENS = Counter()
 PRUNING = {"on": True}
 """Off: lookups read every file of a large trace, as before pruning (``--alternate``)."""
+LOCAL_BYTES = database.LOCAL_LOOKUP_BYTES
+"""The store's bound on a lookup read by the process; 0 every other step with ``--alternate-local``."""
 
 
 def instrument() -> None:
@@ -198,6 +200,7 @@ def instrument() -> None:
     of ``DeltaStateStore``'s scans, ``storage.database.read_files`` and ``DeltaTable``);
     and lets :data:`PRUNING` turn pruning off."""
     store, read_files, init = database.DeltaStateStore, database.read_files, deltalake.DeltaTable.__init__
+    read_matching = database.read_matching
 
     def scanning(scan):
         def scanned(self, table, *args, **kwargs):
@@ -218,12 +221,19 @@ def instrument() -> None:
             LOOKUPS.append((_IN_SCAN.get(), len(paths), size))
         return read_files(spark, uri, schema, paths, version)
 
+    def matching(uri, schema, paths, keys, limit):
+        size = sum(os.path.getsize(p.removeprefix("file://")) for p in paths)
+        rows = read_matching(uri, schema, paths, keys, limit)
+        sent = "over the limit, read by Spark" if rows is None else f"{rows.num_rows:,} rows sent"
+        LOOKUPS.append((f"{_IN_SCAN.get()} (by the process, {sent})", len(paths), size))
+        return rows
+
     def opening(self, *args, **kwargs):
         OPENS["tables"] += 1
         init(self, *args, **kwargs)
 
     store.scan, store.scan_keys = scanning(store.scan), scanning(store.scan_keys)
-    database.read_files, deltalake.DeltaTable.__init__ = reading, opening
+    database.read_files, database.read_matching, deltalake.DeltaTable.__init__ = reading, matching, opening
 
 
 def commits(root: str) -> int:
@@ -274,6 +284,7 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
     for delta in sorted({max(int(events * args.fraction), 1), args.fixed}):
         for i in range(args.warmup + args.steps):
             PRUNING["on"] = not args.alternate or i % 2 == 0
+            database.LOCAL_LOOKUP_BYTES = LOCAL_BYTES if not args.alternate_local or i % 2 == 0 else 0
             del LOOKUPS[:]
             OPENS.clear()
             before = commits(root)
@@ -289,6 +300,7 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
                     "delta": delta,
                     "warm": i >= args.warmup,
                     "pruned": PRUNING["on"],
+                    "local": database.LOCAL_LOOKUP_BYTES > 0,
                     "step_s": wall,
                     "recompute_s": recompute(peer, base, added),
                     "jobs": jobs,
@@ -315,7 +327,7 @@ def print_row(r: dict) -> None:
     scanned = sum(b for _, _, b in r["lookups"]) / 1e6
     print(
         f"{r['state']:>12,} {r['delta']:>8,} {'' if r['warm'] else '(warm-up)':>9} {'yes' if r['pruned'] else 'no':>6}"
-        f" {r['step_s']:>7.2f}"
+        f" {'yes' if r['local'] else 'no':>5} {r['step_s']:>7.2f}"
         f" {r['recompute_s']:>9.2f} {r['step_s'] / r['recompute_s']:>6.3f} {r['jobs']:>4} {r['stages']:>6}"
         f" {r['read_mb']:>8.1f} {r['round_trips'].get('ExecutePlan', 0):>4} {len(r['lookups']):>7} {files:>5}"
         f" {scanned:>8.1f} {r['commits']:>7} {r['opens']:>5} {r['rss_peak_gb']:>6.2f} {r['hwm_gb']:>6.2f}",
@@ -328,11 +340,11 @@ def print_row(r: dict) -> None:
 
 def summary(rows: list[dict]) -> None:
     warm = [r for r in rows if r["warm"]]
-    for delta, pruned in sorted({(r["delta"], r["pruned"]) for r in warm}):
-        these = [r for r in warm if r["delta"] == delta and r["pruned"] == pruned]
+    for delta, pruned, local in sorted({(r["delta"], r["pruned"], r["local"]) for r in warm}):
+        these = [r for r in warm if (r["delta"], r["pruned"], r["local"]) == (delta, pruned, local)]
         ratios = sorted(r["step_s"] / r["recompute_s"] for r in these)
         print(
-            f"delta {delta:,}, {'pruned' if pruned else 'every file'}: step {statistics.median(r['step_s'] for r in these):.2f} s"
+            f"delta {delta:,}, {'pruned' if pruned else 'every file'}{', read by the process' if local else ''}: step {statistics.median(r['step_s'] for r in these):.2f} s"
             f" (spread {min(r['step_s'] for r in these):.2f}-{max(r['step_s'] for r in these):.2f}),"
             f" recompute {statistics.median(r['recompute_s'] for r in these):.2f} s,"
             f" step/recompute median {statistics.median(ratios):.3f} (spread {ratios[0]:.3f}-{ratios[-1]:.3f})"
@@ -357,6 +369,11 @@ def main() -> None:
     parser.add_argument(
         "--alternate", action="store_true", help="every other step reads every file of a large trace (no pruning)"
     )
+    parser.add_argument(
+        "--alternate-local",
+        action="store_true",
+        help="every other step, Spark reads what a lookup reads by the process (LOCAL_LOOKUP_BYTES 0)",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--root", default=None, help="where the pipelines live (default: a temporary directory)")
     server_arguments(parser)
@@ -368,7 +385,7 @@ def main() -> None:
     try:
         spark = remote_session(server.url)
         print(
-            f"{'state':>12} {'delta':>8} {'':>9} {'pruned':>6} {'step s':>7} {'recomp s':>9} {'ratio':>6} {'jobs':>4} {'stages':>6}"
+            f"{'state':>12} {'delta':>8} {'':>9} {'pruned':>6} {'local':>5} {'step s':>7} {'recomp s':>9} {'ratio':>6} {'jobs':>4} {'stages':>6}"
             f" {'read MB':>8} {'exec':>4} {'lookups':>7} {'files':>5} {'trace MB':>8} {'commits':>7} {'opens':>5}"
             f" {'rss GB':>6} {'hwm GB':>6}"
         )

@@ -18,7 +18,7 @@ from .circuit import Checked, Circuit
 from .context import StepContext
 from .errors import CircuitChangedError, SchemaMismatchError, raised_on_executor
 from .sharding import VNODE, worker_of
-from .spark import COMPILED, INTERPRETED, aggregate_each
+from .spark import COMPILED, INTERPRETED, aggregate_each, set_all
 from .state import DEST, FILE, StateStore, pack, part_column
 from .vnodes import Layout
 from .zset import WEIGHT, empty, nothing
@@ -195,11 +195,11 @@ class StepRunner:
         return StepResult({name: stored[f"{OUTPUT}{name}"] for name in outputs}, state)
 
     def _configure(self, settings: dict[str, str]) -> None:
-        """Sets those of ``settings`` that this runner has not set yet: each is a round trip."""
-        for key, value in settings.items():
-            if self._settings.get(key) != value:
-                self.spark.conf.set(key, value)
-                self._settings[key] = value
+        """Sets those of ``settings`` that this runner has not set yet (a round trip)."""
+        changed = {key: value for key, value in settings.items() if self._settings.get(key) != value}
+        if changed:
+            set_all(self.spark, changed)
+            self._settings.update(changed)
 
 
 def _retracting(inputs: Mapping[str, DataFrame]) -> set[str]:

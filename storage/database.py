@@ -40,6 +40,7 @@ from .delta import (
     commit,
     paths,
     read_files,
+    read_matching,
     table_schema,
     write_tables,
 )
@@ -88,6 +89,19 @@ one day of about twelve: cut, the step reads that day's files.  Small enough tha
 spans a few files, large enough that a trace of 10M rows stays about 40 files.  Compaction
 and a relayout cut the files they rewrite the same way, by the keys the state records
 (see :data:`LOOKUP_KEYS`); a trace no step has looked up yet gets a file per unit."""
+
+
+LOCAL_LOOKUP_BYTES = 64 * 2**20
+"""A lookup whose trace files admitting its keys (see :func:`may_hold`) hold at most this
+many bytes is read by the step's process, which sends Spark only the rows holding the keys
+(see :data:`LOCAL_LOOKUP_ROWS`): the keys are collected there already, and a step's keys
+spread over a trace's whole key range (bids on random old auctions) admit every file, which
+Spark would read whole in the step's job to keep the few rows a broadcast of the keys
+matches.  Measured at 10M events (``bench/RESULTS.md``, issue 30): a step read 15 MB of
+auctions for 2,300 rows; read here, the step / recompute median went 0.355x -> 0.309x."""
+LOCAL_LOOKUP_ROWS = 50_000
+"""At most this many matching rows are sent from the process (an Arrow batch in the step's
+plan); a lookup matching more is read by Spark, as a larger one is."""
 
 
 LOOKUP_KEYS = "lookup_keys"
@@ -272,7 +286,8 @@ class DeltaStateStore(StateStore):
             self._meta[LOOKUP_KEYS] = json.dumps(self._orders, sort_keys=True)
 
     def scan_keys(self, table: str, keys: Mapping[str, pa.Array]) -> DataFrame | None:
-        """The trace's files whose statistics admit the keys (see :func:`may_hold`)."""
+        """The trace's files whose statistics admit the keys (see :func:`may_hold`); when they
+        are small (see :data:`LOCAL_LOOKUP_BYTES`), only their rows holding the keys."""
         if table not in self._tables:
             return None
         delta = self._pinned(table)
@@ -280,7 +295,14 @@ class DeltaStateStore(StateStore):
         base = delta.table_uri.rstrip("/")
         held = may_hold(adds, keys)
         files = [f"{base}/{path}" for path, hit in zip(adds.column("path").to_pylist(), held, strict=True) if hit]
-        return read_files(self.spark, self._uri(table), table_schema(delta), files, self._tables[table])
+        schema = table_schema(delta)
+        size = sum(s for s, hit in zip(adds.column("size_bytes").to_pylist(), held, strict=True) if hit)
+        if files and size <= LOCAL_LOOKUP_BYTES:
+            arrow = pa.schema(delta.schema().to_arrow())
+            rows = read_matching(self._uri(table), arrow, files, keys, LOCAL_LOOKUP_ROWS)
+            if rows is not None:
+                return self.spark.createDataFrame(rows, schema)
+        return read_files(self.spark, self._uri(table), schema, files, self._tables[table])
 
     def materialize(self, parts: dict[str, DataFrame], rows: int | None = None) -> dict[str, DataFrame]:
         """See :meth:`circuits.state.StateStore.materialize`.  A crowded small trace (see

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -407,10 +408,35 @@ def read_files(
     """The Parquet files ``paths`` of table ``uri`` (at ``version``, for messages) as a DataFrame."""
     if not paths:
         return empty_like(spark.createDataFrame([], schema))
+    _check_present(uri, paths, version)
+    return spark.read.schema(schema).parquet(*paths)
+
+
+def read_matching(
+    uri: str, schema: pa.Schema, paths: list[str], keys: Mapping[str, pa.Array], limit: int
+) -> pa.Table | None:
+    """The rows of the Parquet files ``paths`` of table ``uri`` whose every column named in
+    ``keys`` holds one of the values listed for it (a listed null matches nulls), read by
+    this process; None once more than ``limit`` rows match (the rest is not read)."""
+    _check_present(uri, paths, None)
+    condition = None
+    for column, values in keys.items():
+        listed = pc.field(column).isin(values.cast(schema.field(column).type))
+        condition = listed if condition is None else condition & listed
+    files = ds.dataset([p.removeprefix("file://") for p in paths], schema=schema, format="parquet")
+    batches, rows = [], 0
+    for batch in files.to_batches(filter=condition):
+        rows += batch.num_rows
+        if rows > limit:
+            return None
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema)
+
+
+def _check_present(uri: str, paths: list[str], version: int | None) -> None:
     missing = [p for p in paths if not os.path.exists(p.removeprefix("file://"))]
     if missing:
         at = "" if version is None else f" version {version}"
         raise CorruptTableError(
             f"Delta table {uri}{at}: data file {missing[0]} is missing; restore it, or open an earlier checkpoint"
         )
-    return spark.read.schema(schema).parquet(*paths)

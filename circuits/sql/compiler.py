@@ -644,15 +644,14 @@ class _Compiler:
         """``GROUP BY`` (or a global aggregate): the group keys and each aggregate's argument
         projected, grouped, and the select list and HAVING rewritten over the result."""
         keys = [self.resolve(self._group_expression(g, node, scope), scope) for g in _group_by(node)]
-        calls: dict[str, tuple[str, exp.AggFunc]] = {}
+        calls: dict[str, tuple[str, exp.Expression]] = {}
         for e in [*node.expressions, node.args.get("having")]:
-            for call in _outside_subqueries(e) if e else []:
-                if isinstance(call, exp.AggFunc):
-                    if _has_subquery(call):
-                        raise SqlError(
-                            f"a subquery inside an aggregate is not supported: {call.sql(DIALECT)[:80]}", node=call
-                        )
-                    calls.setdefault(self.resolve(call, scope), (self.fresh(), call))
+            for call in _aggregate_calls(e) if e else []:
+                if _has_subquery(call):
+                    raise SqlError(
+                        f"a subquery inside an aggregate is not supported: {call.sql(DIALECT)[:80]}", node=call
+                    )
+                calls.setdefault(self.resolve(call, scope), (self.fresh(), call))
         key_cols = [self.fresh() for _ in keys]
         grouped, values = self.grouped(rel, scope, dict(zip(key_cols, keys)), calls)
         having = node.args.get("having")
@@ -689,12 +688,13 @@ class _Compiler:
         return grouped, _Scope(grouped.cols), items
 
     def grouped(
-        self, rel: Rel, scope: _Scope, keys: dict[str, str], calls: dict[str, tuple[str, exp.AggFunc]]
+        self, rel: Rel, scope: _Scope, keys: dict[str, str], calls: dict[str, tuple[str, exp.Expression]]
     ) -> tuple[Rel, dict[str, str]]:
         """``rel`` grouped by ``keys`` (column -> Spark SQL; none: one global group, also
         over no rows) with the aggregate ``calls`` (Spark SQL -> column, call), and each
         call's value over the groups' columns (Spark SQL)."""
-        engine = {text: self.aggregate_argument(call, scope) for text, (_, call) in calls.items()}
+        schema = rel.schema()
+        engine = {text: self.aggregate_argument(call, scope, schema) for text, (_, call) in calls.items()}
         arguments: dict[str, str] = {}
         for _, argument in engine.values():
             if argument is not None:
@@ -718,25 +718,45 @@ class _Compiler:
         cols = [Col(None, c, c) for c in [*keys, *aggs]]
         return Rel(stream, cols, types), values
 
-    def aggregate_argument(self, call: exp.AggFunc, scope: _Scope) -> tuple[str, str | None]:
+    def aggregate_argument(self, call: exp.Expression, scope: _Scope, schema: T.StructType) -> tuple[str, str | None]:
         """The engine's aggregate for a SQL aggregate call, and its argument as Spark SQL
-        over ``scope`` (None for ``count(*)``).  ``count`` of several values (``count(a, b)``,
-        ``t.*`` expanded) counts, as Spark does, the rows where none is NULL."""
+        over ``scope`` (None for ``count(*)``; ``schema``: the columns' types).  ``count`` of
+        several values (``count(a, b)``, ``t.*`` expanded) counts, as Spark does, the rows
+        where none is NULL; ``count(DISTINCT ...)`` of several values or of a struct counts
+        their :func:`_canonical` text.
+        ``agg(x) FILTER (WHERE p)`` skips the rows where ``p`` is not true: it is
+        ``agg(CASE WHEN p THEN x END)``, as every aggregate here ignores NULLs (``count(*)``'s
+        value is 1), so over no passing row it gives what ``agg`` gives over none."""
+        if isinstance(call, exp.Filter):
+            kind, argument = self.aggregate_argument(call.this, scope, schema)
+            passing = self.resolve(call.expression.this, scope)
+            return kind, f"CASE WHEN {passing} THEN {argument or 1} END"
         kind, values = _aggregate_kind(call)
         if values is None:
             return kind, None
         texts = [text for v in values for text in self.expanded(v, scope)]
+        if kind == "count_distinct":
+            return kind, self.distinct_value(call, texts, schema)
         if len(texts) == 1:
             return kind, texts[0]
-        if kind == "count_distinct":
-            # A struct of them would be the state's key, which the Delta store cannot index.
-            raise SqlError(
-                f"not supported: {call.sql(DIALECT)}, a distinct count of several values; count the rows of "
-                "SELECT DISTINCT a, b ... WHERE a IS NOT NULL AND b IS NOT NULL in a subquery",
-                node=call,
-            )
-        present = " AND ".join(f"({t}) IS NOT NULL" for t in texts)
-        return kind, f"CASE WHEN {present} THEN 1 END"
+        return kind, f"CASE WHEN {_all_present(texts)} THEN 1 END"
+
+    def distinct_value(self, call: exp.Expression, texts: list[str], schema: T.StructType) -> str:
+        """What ``count(DISTINCT ...)`` of ``texts`` (Spark SQL over ``schema``) counts the
+        distinct non-NULL values of.  One atomic value is itself.  Several values (``count(
+        DISTINCT a, b)``: the rows where none is NULL) and a struct (``count(DISTINCT (a, b))``:
+        the rows where it is not NULL, its fields may be) are their :func:`_canonical` text:
+        a struct as the state's key is one the Delta store cannot index by (pyarrow has no
+        ``unique`` of structs)."""
+        types = list(self.types_of(schema, {f"_{i}": t for i, t in enumerate(texts)}).values())
+        if len(texts) > 1:
+            return f"CASE WHEN {_all_present(texts)} THEN {_canonical(call, list(zip(texts, types)))} END"
+        (text,), (kind,) = texts, types
+        if not isinstance(kind, T.StructType):
+            _canonical(call, [(text, kind)])  # refuses what is not atomic
+            return text
+        fields = [(f"({text}).`{f.name.replace('`', '``')}`", f.dataType) for f in kind.fields]
+        return f"CASE WHEN ({text}) IS NOT NULL THEN {_canonical(call, fields)} END"
 
     def expanded(self, e: exp.Expression, scope: _Scope) -> list[str]:
         """``e`` as Spark SQL over ``scope``: a star as the columns it stands for."""
@@ -923,7 +943,7 @@ def _scalar_item(subquery: exp.Subquery, keys: list[exp.Expression]) -> exp.Expr
             node=subquery,
         )
     item = query.expressions[0].unalias()
-    for column in _columns(item.transform(lambda n: exp.null() if isinstance(n, exp.AggFunc) else n)):
+    for column in _columns(item.transform(lambda n: exp.null() if _is_call(n) else n)):
         if column.sql(DIALECT) not in key_texts:
             raise SqlError(
                 f"a scalar subquery's value reads {column.sql(DIALECT)} outside an aggregate: {text}; "
@@ -938,9 +958,9 @@ def _over_no_rows(item: exp.Expression) -> str:
     return item.transform(
         lambda n: (
             exp.Literal.number(0)
-            if AGGREGATES.get(type(n)) == "count"
+            if AGGREGATES.get(type(n.this if isinstance(n, exp.Filter) else n)) == "count"
             else exp.null()
-            if isinstance(n, exp.AggFunc)
+            if _is_call(n)
             else n
         )
     ).sql(DIALECT)
@@ -977,6 +997,66 @@ def _is_aggregate(query: exp.Select) -> bool:
         if e is not None
         for n in _outside_subqueries(e)
     )
+
+
+def _all_present(texts: list[str]) -> str:
+    return " AND ".join(f"({t}) IS NOT NULL" for t in texts)
+
+
+def _canonical(call: exp.Expression, values: list[tuple[str, T.DataType]]) -> str:
+    """A text of ``values`` (Spark SQL, each with its type) equal for two rows exactly where
+    Spark's grouping takes them for equal: each value as ``N`` if NULL, else ``V``, its
+    length, ``:`` and its text; a float's ``-0.0`` as ``0`` (Spark groups it with ``0.0``, and
+    every NaN as one), a timestamp as its microseconds (its local text repeats at a
+    daylight saving change), binary in hex.  Refuses (naming ``call``) a value of a type
+    without such a text: nested types, intervals, strings of another collation."""
+    parts = []
+    for text, kind in values:
+        if isinstance(kind, (T.FloatType, T.DoubleType)):
+            value = f"CASE WHEN ({text}) = 0 THEN '0' ELSE CAST(({text}) AS STRING) END"
+        elif isinstance(kind, T.TimestampType):
+            value = f"CAST(unix_micros({text}) AS STRING)"
+        elif isinstance(kind, T.BinaryType):
+            value = f"hex({text})"
+        elif isinstance(kind, _TEXTUAL) and getattr(kind, "collation", "UTF8_BINARY") == "UTF8_BINARY":
+            value = f"CAST(({text}) AS STRING)"
+        else:
+            raise SqlError(
+                f"not supported: {call.sql(DIALECT)[:80]}, a distinct count over a {kind.simpleString()} value; "
+                "count the distinct values of its atomic fields",
+                node=call,
+            )
+        parts.append(f"CASE WHEN ({text}) IS NULL THEN 'N' ELSE concat('V', length({value}), ':', {value}) END")
+    return f"concat({', '.join(parts)})"
+
+
+_TEXTUAL = (
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.DecimalType,
+    T.BooleanType,
+    T.StringType,
+    T.DateType,
+    T.TimestampNTZType,
+)
+"""Types whose values Spark's cast to a string keeps apart: equal texts, equal values
+(a decimal's text has its type's scale)."""
+
+
+def _is_call(node: exp.Expression) -> bool:
+    """``node`` is an aggregate call: ``agg(...)``, or ``agg(...) FILTER (WHERE p)`` whole."""
+    return isinstance(node, exp.AggFunc) or (isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc))
+
+
+def _aggregate_calls(e: exp.Expression) -> list[exp.Expression]:
+    """The aggregate calls of ``e`` (outside its subqueries), a ``FILTER`` with its call."""
+    return [
+        n
+        for n in _outside_subqueries(e)
+        if _is_call(n) and not (isinstance(n.parent, exp.Filter) and n.arg_key == "this")
+    ]
 
 
 def _group_by(node: exp.Select) -> list[exp.Expression]:

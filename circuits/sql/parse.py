@@ -36,7 +36,6 @@ _REFUSED_NODES: dict[type[exp.Expression], str] = {
     exp.Values: "VALUES",
     exp.Unnest: "UNNEST",
     exp.Explode: "explode() and other generators",
-    exp.Filter: "aggregate FILTER (WHERE ...)",
     exp.Rand: "rand() (non-deterministic)",
     exp.Randn: "randn() (non-deterministic)",
     exp.Uuid: "uuid() (non-deterministic)",

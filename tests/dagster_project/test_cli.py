@@ -129,7 +129,7 @@ def test_the_demo_shows_progress_a_line_per_step_and_logs_the_rest(tmp_path, dem
     assert steps[1].startswith("step 1: events 300..600, rows 300 in /"), steps
     for view in ("bids_by_category", "q3", "q4", "q15"):
         assert f"{view} equals Spark batch SQL: yes" in screen, screen
-    assert "asset checks: 16 of 16 passed" in screen  # 2 steps x (4 views consolidated + 4 sets)
+    assert "asset checks: 8 of 8 passed" in screen  # 2 steps x 4 views
     assert any("Kafka broker on port" in line and "`dbsp stop` stops it" in line for line in screen), screen
     assert "⠋" in output or "0:00:0" in output, "no live progress line was drawn"
 

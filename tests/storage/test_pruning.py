@@ -56,16 +56,23 @@ def _bounds(root: str, side: str) -> dict[str, tuple[int, int]]:
     return dict(zip(adds.column("path").to_pylist(), zip(lows, highs, strict=True), strict=True))
 
 
-def _recorded_reads(monkeypatch) -> list[str]:
-    """The names of the data files the store reads from here on, appended as it reads them."""
+def _recorded_reads(monkeypatch, by_spark: list[str] | None = None) -> list[str]:
+    """The names of the data files the store reads from here on (by Spark or by the process),
+    appended as it reads them; those Spark reads also to ``by_spark``."""
     read: list[str] = []
-    reading = database.read_files
+    reading, matching = database.read_files, database.read_matching
 
     def recorded(spark, uri, schema, paths, version=None):
         read.extend(p.rsplit("/", 1)[-1] for p in paths)
+        (by_spark if by_spark is not None else []).extend(p.rsplit("/", 1)[-1] for p in paths)
         return reading(spark, uri, schema, paths, version)
 
+    def matched(uri, schema, paths, keys, limit):
+        read.extend(p.rsplit("/", 1)[-1] for p in paths)
+        return matching(uri, schema, paths, keys, limit)
+
     monkeypatch.setattr(database, "read_files", recorded)
+    monkeypatch.setattr(database, "read_matching", matched)
     return read
 
 
@@ -167,6 +174,38 @@ def test_a_large_write_is_cut_into_files_by_the_lookup_key_and_a_lookup_reads_on
     assert set(read) & set(bounds) == admitting
     joined = [(r["k"], r["a"], r["b"], r["_weight"]) for r in pipeline.read_outputs("joined", 0, 1).collect()]
     assert joined == [(37, 0, 1, 1)]
+
+
+def test_a_lookup_of_small_admitted_files_sends_spark_only_the_rows_holding_its_keys(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
+    by_spark: list[str] = []
+    read = _recorded_reads(monkeypatch, by_spark)
+    sent: list[int] = []
+    create = spark.createDataFrame
+
+    def created(data, *args, **kwargs):
+        if isinstance(data, pa.Table):
+            sent.append(data.num_rows)
+        return create(data, *args, **kwargs)
+
+    root = str(tmp_path / "local")
+    # Step 0 inserts keys 0..99 on the left, one file per worker spanning its keys; step 1
+    # looks two of them up from the right, keys in every file's bounds.
+    for step, (left, right) in enumerate([(list(range(100)), [1000]), ([], [3, 96])]):
+        if step == 0:
+            pipeline = _join_step(spark, root, step, left, right)
+            bounds = _bounds(root, "left")
+            continue
+        del read[:], by_spark[:]
+        monkeypatch.setattr(spark, "createDataFrame", created)
+        pipeline = _join_step(spark, root, step, left, right)
+        monkeypatch.setattr(spark, "createDataFrame", create)
+    # The left trace's admitting files are read by the process, Spark reads none of them
+    # and gets the two rows holding the keys, not the files' 100.
+    assert set(read) & set(bounds) and not set(by_spark) & set(bounds)
+    assert sent == [2]
+    joined = sorted((r["k"], r["a"], r["b"], r["_weight"]) for r in pipeline.read_outputs("joined", 0, 1).collect())
+    assert joined == [(3, 0, 1, 1), (96, 0, 1, 1)]
 
 
 @contextmanager

@@ -1,0 +1,26 @@
+"""A step's Spark settings cost one round trip to the server, not one each."""
+
+from pyspark.sql import functions as F
+
+from circuits import Circuit, InMemoryStateStore, StepRunner, from_rows
+from circuits.spark import INTERPRETED, round_trips, set_all
+
+
+def test_several_settings_are_one_round_trip_and_all_set(spark):
+    settings = {"spark.sql.shuffle.partitions": "3", **INTERPRETED}
+    with round_trips(spark) as calls:
+        set_all(spark, settings)
+    assert calls["Config"] == 1
+    assert {key: spark.conf.get(key) for key in settings} == settings
+
+
+def test_a_steps_settings_are_one_round_trip(spark):
+    c = Circuit("settings")
+    c.input("a", "k int, v int").filter(F.col("v") > 1).output("o")
+    runner = StepRunner(c, spark, InMemoryStateStore(), workers=2)
+    delta = from_rows(spark, [(1, 2, 1)], c.inputs["a"])
+    with round_trips(spark) as calls:
+        # The runner's first step (every setting is new to it), of known size and retractions
+        # (as a durable step's are): the settings are its only Config calls.
+        runner.step({"a": delta}, retracting=[], rows=1)
+    assert calls["Config"] == 1
