@@ -752,8 +752,9 @@ class _Compiler:
         if len(texts) > 1:
             return f"CASE WHEN {_all_present(texts)} THEN {_canonical(call, list(zip(texts, types)))} END"
         (text,), (kind,) = texts, types
+        if isinstance(kind, (T.ArrayType, T.MapType)):
+            raise _no_canonical(call, kind)
         if not isinstance(kind, T.StructType):
-            _canonical(call, [(text, kind)])  # refuses what is not atomic
             return text
         fields = [(f"({text}).`{f.name.replace('`', '``')}`", f.dataType) for f in kind.fields]
         return f"CASE WHEN ({text}) IS NOT NULL THEN {_canonical(call, fields)} END"
@@ -1021,16 +1022,21 @@ def _canonical(call: exp.Expression, values: list[tuple[str, T.DataType]]) -> st
         elif isinstance(kind, _TEXTUAL) and getattr(kind, "collation", "UTF8_BINARY") == "UTF8_BINARY":
             value = f"CAST(({text}) AS STRING)"
         else:
-            raise SqlError(
-                f"not supported: {call.sql(DIALECT)[:80]}, a distinct count over a {kind.simpleString()} value; "
-                "count the distinct values of its atomic fields",
-                node=call,
-            )
+            raise _no_canonical(call, kind)
         parts.append(f"CASE WHEN ({text}) IS NULL THEN 'N' ELSE concat('V', length({value}), ':', {value}) END")
     return f"concat({', '.join(parts)})"
 
 
+def _no_canonical(call: exp.Expression, kind: T.DataType) -> SqlError:
+    return SqlError(
+        f"not supported: {call.sql(DIALECT)[:80]}, a distinct count over a {kind.simpleString()} value; "
+        "count the distinct values of its atomic fields",
+        node=call,
+    )
+
+
 _TEXTUAL = (
+    T.NullType,
     T.ByteType,
     T.ShortType,
     T.IntegerType,
