@@ -315,6 +315,8 @@ class _Compiler:
             *[F.col(rc.internal).cast(common[lc.internal]).alias(lc.internal) for lc, rc in zip(left.cols, right.cols)]
         )
         distinct = node.args.get("distinct") is not False
+        if distinct or not isinstance(node, exp.Union):
+            _atomic_keys(common, f"a column of {node.key.upper()}", "select its fields instead", node)
         if isinstance(node, exp.Union):
             stream = left_stream.union(right_stream)
             stream = stream.distinct() if distinct else stream
@@ -348,7 +350,15 @@ class _Compiler:
             rel, scope = self.with_scalars(rel, scope, node.expressions, scope)
             items = self.items(node, scope)
         rel = self.project(rel, items)
-        return Rel(rel.stream.distinct(), rel.cols, rel.types) if node.args.get("distinct") else rel
+        if not node.args.get("distinct"):
+            return rel
+        _atomic_keys(
+            {c.internal: rel.types[c.internal] for c in rel.cols},
+            "a column of SELECT DISTINCT",
+            "select its fields instead",
+            node,
+        )
+        return Rel(rel.stream.distinct(), rel.cols, rel.types)
 
     def items(self, node: exp.Select, scope: _Scope) -> list[tuple[str, str]]:
         """The select list as (name, Spark SQL over internal names), stars expanded."""
@@ -494,6 +504,7 @@ class _Compiler:
         # Equal keys must hash alike (to one vnode): both sides' keys take their common type.
         both = T.StructType([*left.schema().fields, *right.schema().fields])
         common = self.types_of(both, {k: f"coalesce({a}, {b})" for (a, b), k in zip(pairs, keys)})
+        _atomic_keys(common, "a join key", "join on its fields instead")
         left_stream = left.stream.select(
             *[c.internal for c in left.cols], *[F.expr(a).cast(common[k]).alias(k) for (a, _), k in zip(pairs, keys)]
         )
@@ -701,6 +712,7 @@ class _Compiler:
                 arguments.setdefault(argument, self.fresh())
         projected = {**(keys or {self.fresh(): "0"}), **{c: text for text, c in arguments.items()}}
         types = self.types_of(rel.schema(), projected)
+        _atomic_keys({k: types[k] for k in keys}, "a GROUP BY key", "group by its fields instead")
         aggs: dict[str, ops.Agg] = {}
         values = {}
         for text, (out, _) in calls.items():
@@ -752,8 +764,9 @@ class _Compiler:
         if len(texts) > 1:
             return f"CASE WHEN {_all_present(texts)} THEN {_canonical(call, list(zip(texts, types)))} END"
         (text,), (kind,) = texts, types
+        if isinstance(kind, (T.ArrayType, T.MapType)):
+            raise _no_canonical(call, kind)
         if not isinstance(kind, T.StructType):
-            _canonical(call, [(text, kind)])  # refuses what is not atomic
             return text
         fields = [(f"({text}).`{f.name.replace('`', '``')}`", f.dataType) for f in kind.fields]
         return f"CASE WHEN ({text}) IS NOT NULL THEN {_canonical(call, fields)} END"
@@ -1021,16 +1034,30 @@ def _canonical(call: exp.Expression, values: list[tuple[str, T.DataType]]) -> st
         elif isinstance(kind, _TEXTUAL) and getattr(kind, "collation", "UTF8_BINARY") == "UTF8_BINARY":
             value = f"CAST(({text}) AS STRING)"
         else:
-            raise SqlError(
-                f"not supported: {call.sql(DIALECT)[:80]}, a distinct count over a {kind.simpleString()} value; "
-                "count the distinct values of its atomic fields",
-                node=call,
-            )
+            raise _no_canonical(call, kind)
         parts.append(f"CASE WHEN ({text}) IS NULL THEN 'N' ELSE concat('V', length({value}), ':', {value}) END")
     return f"concat({', '.join(parts)})"
 
 
+def _atomic_keys(types: Mapping[str, T.DataType], what: str, fix: str, node: object = None) -> None:
+    """Refuses a struct, array or map value as a key (of a group, a join, a distinct row):
+    the durable store finds a key's rows by their values with pyarrow, which cannot hash or
+    look up nested values."""
+    for kind in types.values():
+        if isinstance(kind, (T.StructType, T.ArrayType, T.MapType)):
+            raise SqlError(f"not supported: a {kind.simpleString()} value as {what}; {fix}", node=node)
+
+
+def _no_canonical(call: exp.Expression, kind: T.DataType) -> SqlError:
+    return SqlError(
+        f"not supported: {call.sql(DIALECT)[:80]}, a distinct count over a {kind.simpleString()} value; "
+        "count the distinct values of its atomic fields",
+        node=call,
+    )
+
+
 _TEXTUAL = (
+    T.NullType,
     T.ByteType,
     T.ShortType,
     T.IntegerType,

@@ -8,11 +8,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from circuits import InMemoryStateStore, StepRunner, from_rows
 from circuits.circuit import Circuit
+from circuits.sql import View, compile_sql, parse_views
 from circuits.zset import WEIGHT
 from storage.faults import InjectedCrash
 from storage.logs import STEP, Range
@@ -182,3 +183,97 @@ def at_every_worker_count(steps: st.SearchStrategy, max_examples: int = 3, worke
         return pytest.mark.parametrize("workers", workers)(test)
 
     return decorate
+
+
+# Views compiled from SQL, against Spark batch SQL of the same text.
+
+SQL_SCHEMAS = {"a": "k int, v int, s string", "b": "k bigint, x int, d double"}
+"""The inputs of the SQL property tests' views."""
+
+_keys = st.one_of(st.just(1), st.integers(0, 3), st.none())
+_small = st.one_of(st.integers(0, 4), st.none())
+a_rows = st.tuples(_keys, _small, st.sampled_from(["a", "b", None]))
+b_rows = st.tuples(_keys, _small, st.one_of(st.sampled_from([-1.5, 0.0, 2.25]), st.none()))
+SQL_STEPS = insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5)
+"""Inserts and deletes of ``a`` and ``b`` rows: few keys (collisions), NULLs, duplicates."""
+SQL_DURABLE_STEPS = with_restart(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=4))
+
+
+def spark_batch(spark, views: list[View], integrated) -> dict[str, Counter]:
+    """Each materialized view by Spark batch SQL of its own text over the integrated inputs."""
+    for name, schema in SQL_SCHEMAS.items():
+        rows = [row for row, w in integrated[name].items() for _ in range(w)]
+        spark.createDataFrame(rows, schema).createOrReplaceTempView(name)
+    results = {}
+    for view in views:
+        df = spark.sql(view.text)
+        df.createOrReplaceTempView(view.name)
+        if view.materialized:
+            results[view.name] = zset((*row, 1) for row in df.collect())
+    return results
+
+
+def batch_integrals(spark, text: str) -> Expected:
+    """The oracle: at every step, each view's integral is Spark batch SQL of its text."""
+    views = parse_views(text)
+
+    def expected(t, deltas, integrated):
+        return {name: ("integral", z) for name, z in spark_batch(spark, views, integrated).items()}
+
+    return expected
+
+
+def equals_spark_batch(spark, text: str, circuit: Circuit, steps, workers: int) -> None:
+    """Runs ``circuit``, compiled from ``text``: at every step, the integral of each
+    view's outputs equals Spark batch SQL of the view's own text over the integrated inputs."""
+    run_and_compare(spark, circuit, steps, workers, batch_integrals(spark, text))
+
+
+def equals_spark_batch_durably(spark, text: str, circuit: Circuit, steps, workers: int, tmp_path_factory) -> None:
+    """:func:`equals_spark_batch` over a real pipeline on Delta, restarted at the step
+    that ``steps`` (steps, :class:`Restart`) names."""
+    steps, restart = steps
+    root = str(tmp_path_factory.mktemp("sql"))
+    run_and_compare_durably(spark, circuit, steps, workers, batch_integrals(spark, text), root, restart)
+
+
+def sql_views(text: str, name: str = "circuit"):
+    """A fixture named ``name``: the views of ``text`` over :data:`SQL_SCHEMAS`, compiled
+    once for every test and example of the module (each runs it on a new state)."""
+
+    @pytest.fixture(scope="module", name=name)
+    def circuit(spark):
+        return compile_sql(text, SQL_SCHEMAS, spark)
+
+    return circuit
+
+
+def equal_to_spark_batch_sql(text: str, doc: str, max_examples: int = 2):
+    """A property test of the module's ``circuit`` (see :func:`sql_views`) of ``text``: at
+    1, 2 and 4 workers, at every step of random inserts and deletes (:data:`SQL_STEPS`),
+    each view's integral equals Spark batch SQL of its text."""
+
+    @pytest.mark.slow
+    @at_every_worker_count(SQL_STEPS, max_examples=max_examples)
+    def test(spark, circuit, workers, steps):
+        equals_spark_batch(spark, text, circuit, steps, workers)
+
+    test.__doc__ = doc
+    return test
+
+
+def durably_equal_to_spark_batch_sql(
+    text: str, doc: str, fixed: tuple, max_examples: int = 2, workers: tuple[int, ...] = (1, 2)
+):
+    """:func:`equal_to_spark_batch_sql` over a real pipeline on Delta at ``workers``, which
+    dies (or stops) at a random step and recovers: ``fixed`` (steps, :class:`Restart`) is
+    an example of its own, run first (hypothesis's first is the simplest: one empty step)."""
+
+    @pytest.mark.slow
+    @at_every_worker_count(SQL_DURABLE_STEPS, max_examples=max_examples, workers=workers)
+    @example(steps=fixed)
+    def test(spark, circuit, tmp_path_factory, workers, steps):
+        equals_spark_batch_durably(spark, text, circuit, steps, workers, tmp_path_factory)
+
+    test.__doc__ = doc
+    return test

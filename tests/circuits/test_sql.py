@@ -10,22 +10,18 @@ import re
 from collections import Counter
 
 import pytest
-from hypothesis import example
-from hypothesis import strategies as st
 
 from circuits.sql import SqlError, compile_sql, parse_views
 
-from ..oracle import zset
+from .harness import SQL_SCHEMAS as SCHEMAS
 from .harness import (
     Restart,
-    at_every_worker_count,
-    insert_delete_steps,
+    durably_equal_to_spark_batch_sql,
+    equal_to_spark_batch_sql,
     run_and_compare,
-    run_and_compare_durably,
-    with_restart,
+    spark_batch,
+    sql_views,
 )
-
-SCHEMAS = {"a": "k int, v int, s string", "b": "k bigint, x int, d double"}
 
 VIEWS = """
 CREATE MATERIALIZED VIEW project AS
@@ -80,85 +76,27 @@ CREATE MATERIALIZED VIEW from_views AS
   SELECT big.k, count(*) AS n FROM big JOIN distinct_rows d ON big.k = d.k GROUP BY big.k;
 """
 
-keys = st.one_of(st.just(1), st.integers(0, 3), st.none())
-small = st.one_of(st.integers(0, 4), st.none())
-a_rows = st.tuples(keys, small, st.sampled_from(["a", "b", None]))
-b_rows = st.tuples(keys, small, st.one_of(st.sampled_from([-1.5, 0.0, 2.25]), st.none()))
-
-
-def spark_batch(spark, views, integrated) -> dict[str, Counter]:
-    """Each materialized view by Spark batch SQL of its own text over the integrated inputs."""
-    for name, schema in SCHEMAS.items():
-        rows = [row for row, w in integrated[name].items() for _ in range(w)]
-        spark.createDataFrame(rows, schema).createOrReplaceTempView(name)
-    results = {}
-    for view in views:
-        df = spark.sql(view.text)
-        df.createOrReplaceTempView(view.name)
-        if view.materialized:
-            results[view.name] = zset((*row, 1) for row in df.collect())
-    return results
-
-
-def batch_integrals(spark, text: str = VIEWS):
-    """The oracle: at every step, each view's integral is Spark batch SQL of its text."""
-    views = parse_views(text)
-
-    def expected(t, deltas, integrated):
-        return {name: ("integral", z) for name, z in spark_batch(spark, views, integrated).items()}
-
-    return expected
-
-
-@pytest.fixture(scope="module")
-def circuit(spark):
-    """Compiled once: every example runs it on a new state."""
-    return compile_sql(VIEWS, SCHEMAS, spark)
-
-
-@pytest.mark.slow
-@at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
-def test_sql_views_equal_spark_batch_sql(spark, circuit, workers, steps):
-    equals_spark_batch(spark, VIEWS, circuit, steps, workers)
-
-
-def equals_spark_batch(spark, text: str, circuit, steps, workers: int) -> None:
-    """Runs ``circuit``, compiled from ``text``: at every step, the integral of each
-    view's outputs equals Spark batch SQL of the view's own text over the integrated inputs."""
-    run_and_compare(spark, circuit, steps, workers, batch_integrals(spark, text))
-
-
-@pytest.mark.slow
-@at_every_worker_count(
-    with_restart(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=4)),
-    max_examples=2,
-    workers=(1, 2),
+circuit = sql_views(VIEWS)
+FIXED = (
+    [
+        {"a": [(1, 2, "a", 2), (None, None, None, 1), (2, 3, "b", 1)], "b": [(1, 3, 2.25, 1), (None, 1, None, 1)]},
+        {"a": [(3, 4, None, 1), (1, 2, "a", -1)], "b": [(1, 2, -1.5, 1), (None, 1, None, -1)]},
+        {"a": [(1, 2, "a", -1), (None, None, None, -1), (2, 3, "b", -1), (3, 4, None, -1)], "b": []},
+    ],
+    Restart(1, "after_output"),
 )
-# Hypothesis's first example is the simplest (one empty step); this one makes each worker
-# count die mid-run on NULLs, duplicates and deletes, and recover.
-@example(
-    steps=(
-        [
-            {"a": [(1, 2, "a", 2), (None, None, None, 1), (2, 3, "b", 1)], "b": [(1, 3, 2.25, 1), (None, 1, None, 1)]},
-            {"a": [(3, 4, None, 1), (1, 2, "a", -1)], "b": [(1, 2, -1.5, 1), (None, 1, None, -1)]},
-            {"a": [(1, 2, "a", -1), (None, None, None, -1), (2, 3, "b", -1), (3, 4, None, -1)], "b": []},
-        ],
-        Restart(1, "after_output"),
-    )
+"""Each worker count dies mid-run on NULLs, duplicates and deletes, and recovers."""
+
+test_sql_views_equal_spark_batch_sql = equal_to_spark_batch_sql(
+    VIEWS, "Every view equals Spark batch SQL of its text at every step, at 1, 2 and 4 workers."
 )
-def test_sql_views_equal_spark_batch_sql_durably_across_a_restart(spark, circuit, tmp_path_factory, workers, steps):
+test_sql_views_equal_spark_batch_sql_durably_across_a_restart = durably_equal_to_spark_batch_sql(
+    VIEWS,
     """The same property over a real pipeline on Delta: each step's outputs are read back
     from its output log, and at a random step the pipeline dies (or stops) and a new one
-    on the same root recovers from the last checkpoint and carries on."""
-    equals_spark_batch_durably(spark, VIEWS, circuit, steps, workers, tmp_path_factory)
-
-
-def equals_spark_batch_durably(spark, text: str, circuit, steps, workers: int, tmp_path_factory) -> None:
-    """:func:`equals_spark_batch` over a real pipeline on Delta, restarted at the step
-    that ``steps`` (steps, :class:`Restart`) names."""
-    steps, restart = steps
-    root = str(tmp_path_factory.mktemp("sql"))
-    run_and_compare_durably(spark, circuit, steps, workers, batch_integrals(spark, text), root, restart)
+    on the same root recovers from the last checkpoint and carries on.""",
+    FIXED,
+)
 
 
 @pytest.mark.parametrize(
@@ -168,6 +106,11 @@ def equals_spark_batch_durably(spark, text: str, circuit, steps, workers: int, t
         ("SELECT k FROM missing", "missing"),
         ("SELECT array(k) + 1 AS wrong FROM a", "DATATYPE_MISMATCH"),
         ("SELECT k, stddev(v) AS sd FROM a GROUP BY k", "stddev"),
+        ("SELECT k, count(DISTINCT array(v)) AS n FROM a GROUP BY k", "a distinct count over a array<int> value"),
+        ("SELECT DISTINCT named_struct('k', k, 's', s) AS st FROM a", "struct<k:int,s:string> value as a column of"),
+        ("SELECT array(k) AS ks, count(*) AS n FROM a GROUP BY array(k)", "array<int> value as a GROUP BY key"),
+        ("SELECT a.v FROM a JOIN b ON named_struct('k', a.k) = named_struct('k', b.k)", "value as a join key"),
+        ("SELECT array(k) AS m FROM a UNION SELECT array(x) AS m FROM b", "value as a column of UNION"),
         ("SELECT k, v FROM a WHERE k = 1 OR v IN (SELECT x FROM b)", "subquery is supported only as a conjunct"),
         ("SELECT k, v IN (SELECT x FROM b) AS found FROM a", "IN subquery in the select list or HAVING"),
     ],

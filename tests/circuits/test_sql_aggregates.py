@@ -10,13 +10,9 @@ across a restart; over no rows they give Spark's values (NULL, 0)."""
 
 from __future__ import annotations
 
-import pytest
-from hypothesis import example
+from circuits.sql import parse_views
 
-from circuits.sql import compile_sql, parse_views
-
-from .harness import Restart, at_every_worker_count, insert_delete_steps, run_and_compare, with_restart
-from .test_sql import SCHEMAS, a_rows, b_rows, equals_spark_batch, equals_spark_batch_durably, spark_batch
+from . import harness
 
 VIEWS = """
 CREATE MATERIALIZED VIEW booleans AS
@@ -50,37 +46,24 @@ CREATE MATERIALIZED VIEW global_filtered AS
 """
 
 
-@pytest.fixture(scope="module")
-def circuit(spark):
-    return compile_sql(VIEWS, SCHEMAS, spark)
-
-
-@pytest.mark.slow
-@at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
-def test_aggregates_equal_spark_batch_sql(spark, circuit, workers, steps):
-    equals_spark_batch(spark, VIEWS, circuit, steps, workers)
-
-
-@pytest.mark.slow
-@at_every_worker_count(
-    with_restart(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=4)),
-    max_examples=1,
-    workers=(1, 2),
+circuit = harness.sql_views(VIEWS)
+test_aggregates_equal_spark_batch_sql = harness.equal_to_spark_batch_sql(
+    VIEWS, "Every view equals Spark batch SQL of its text at every step, at 1, 2 and 4 workers."
 )
-@example(
-    steps=(
+test_aggregates_equal_spark_batch_sql_durably_across_a_restart = harness.durably_equal_to_spark_batch_sql(
+    VIEWS,
+    """Their state (the integrals ``min``/``max`` and distinct counts read) on Delta,
+    recovered after the pipeline dies at a random step.""",
+    (
         [
             {"a": [(1, 2, "a", 2), (1, None, None, 1), (2, 0, "b", 1)], "b": [(1, 3, 2.25, 1), (None, 1, None, 1)]},
             {"a": [(1, 2, "a", -1), (2, 3, "a", 1)], "b": [(1, 3, 2.25, -1), (1, 0, -1.5, 1)]},
             {"a": [(1, 2, "a", -1), (2, 0, "b", -1)], "b": [(None, 1, None, -1)]},
         ],
-        Restart(1, "after_output"),
-    )
+        harness.Restart(1, "after_output"),
+    ),
+    max_examples=1,
 )
-def test_aggregates_equal_spark_batch_sql_durably_across_a_restart(spark, circuit, tmp_path_factory, workers, steps):
-    """Their state (the integrals ``min``/``max`` read) on Delta, recovered after the
-    pipeline dies at a random step."""
-    equals_spark_batch_durably(spark, VIEWS, circuit, steps, workers, tmp_path_factory)
 
 
 def test_aggregates_over_nulls_and_no_rows(spark, circuit):
@@ -96,7 +79,7 @@ def test_aggregates_over_nulls_and_no_rows(spark, circuit):
     ]
 
     def expected(t, deltas, integrated):
-        batch = spark_batch(spark, views, integrated)
+        batch = harness.spark_batch(spark, views, integrated)
         if t == 0:
             assert batch["global_booleans"] == {(None, None, 0): 1}
             assert batch["booleans"][(1, None, True, False, None, False, 0)] == 1
@@ -115,4 +98,4 @@ def test_aggregates_over_nulls_and_no_rows(spark, circuit):
             assert batch["global_distinct_tuples"] == {(1, 1): 1}
         return {name: ("integral", z) for name, z in batch.items()}
 
-    run_and_compare(spark, circuit, steps, 1, expected)
+    harness.run_and_compare(spark, circuit, steps, 1, expected)

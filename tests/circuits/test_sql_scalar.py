@@ -10,8 +10,8 @@ import pytest
 
 from circuits.sql import SqlError, compile_sql, parse_views
 
-from .harness import at_every_worker_count, insert_delete_steps, run_and_compare
-from .test_sql import SCHEMAS, a_rows, b_rows, equals_spark_batch, spark_batch
+from .harness import SQL_SCHEMAS as SCHEMAS
+from .harness import equal_to_spark_batch_sql, run_and_compare, spark_batch, sql_views
 
 VIEWS = """
 CREATE MATERIALIZED VIEW above_average AS SELECT k, v FROM a WHERE v > (SELECT avg(x) FROM b);
@@ -40,16 +40,10 @@ CREATE MATERIALIZED VIEW q22_in_or AS
 """
 
 
-@pytest.fixture(scope="module")
-def circuit(spark):
-    """Compiled once, for the examples and the fixed steps."""
-    return compile_sql(VIEWS, SCHEMAS, spark)
-
-
-@pytest.mark.slow
-@at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
-def test_scalar_subqueries_equal_spark_batch_sql(spark, circuit, workers, steps):
-    equals_spark_batch(spark, VIEWS, circuit, steps, workers)
+circuit = sql_views(VIEWS)
+test_scalar_subqueries_equal_spark_batch_sql = equal_to_spark_batch_sql(
+    VIEWS, "Every view equals Spark batch SQL of its text at every step, at 1, 2 and 4 workers."
+)
 
 
 def test_scalar_subqueries_over_no_rows(spark, circuit):

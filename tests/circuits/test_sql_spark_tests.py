@@ -9,8 +9,8 @@ import pytest
 
 from circuits.sql import SqlError, compile_sql
 
-from .harness import at_every_worker_count, insert_delete_steps
-from .test_sql import SCHEMAS, a_rows, b_rows, equals_spark_batch
+from .harness import SQL_SCHEMAS as SCHEMAS
+from .harness import SQL_STEPS, at_every_worker_count, equals_spark_batch, sql_views
 
 STEPS = [
     {"a": [(1, 2, "a", 1), (1, 3, "a", 1), (None, 1, None, 1), (2, None, "b", 2)], "b": [(1, 1, 0.5, 1)]},
@@ -54,14 +54,16 @@ CREATE MATERIALIZED VIEW nested_not_exists AS
 """
 
 
-@at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
-def test_an_exists_subquery_in_an_exists_subquery(spark, workers, steps):
+nested_exists = sql_views(NESTED_EXISTS, "nested_exists")
+
+
+@at_every_worker_count(SQL_STEPS, max_examples=2)
+def test_an_exists_subquery_in_an_exists_subquery(spark, nested_exists, workers, steps):
     """exists-basic.sql: ``EXISTS`` in the WHERE of a correlated ``EXISTS`` subquery,
     correlated with that subquery, is a semi (anti) join inside it, as ``IN`` in ``IN``
     is (it was refused for an "unknown column" of the inner subquery)."""
-    circuit = compile_sql(NESTED_EXISTS, SCHEMAS, spark)
-    equals_spark_batch(spark, NESTED_EXISTS, circuit, STEPS, workers)
-    equals_spark_batch(spark, NESTED_EXISTS, circuit, steps, workers)
+    equals_spark_batch(spark, NESTED_EXISTS, nested_exists, STEPS, workers)
+    equals_spark_batch(spark, NESTED_EXISTS, nested_exists, steps, workers)
 
 
 USING_JOINS = """
@@ -78,15 +80,17 @@ CREATE MATERIALIZED VIEW using_three AS
 """
 
 
-@at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
-def test_using_and_natural_joins(spark, workers, steps):
+using_joins = sql_views(USING_JOINS, "using_joins")
+
+
+@at_every_worker_count(SQL_STEPS, max_examples=2)
+def test_using_and_natural_joins(spark, using_joins, workers, steps):
     """natural-join.sql, using-join.sql: ``USING (k)`` and ``NATURAL`` joins (inner, left,
     right, full, semi; chained), with Spark's columns: the key once first (the non-NULL
     side's for a full join), then each side's others; ``a.k``/``b.k`` each side's own,
     NULL where it had no match; ``b.*`` all of ``b``'s."""
-    circuit = compile_sql(USING_JOINS, SCHEMAS, spark)
-    equals_spark_batch(spark, USING_JOINS, circuit, STEPS, workers)
-    equals_spark_batch(spark, USING_JOINS, circuit, steps, workers)
+    equals_spark_batch(spark, USING_JOINS, using_joins, STEPS, workers)
+    equals_spark_batch(spark, USING_JOINS, using_joins, steps, workers)
 
 
 @pytest.mark.parametrize(

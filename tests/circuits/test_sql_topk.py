@@ -21,8 +21,8 @@ from circuits.sql.batch import tie_broken
 
 from ..oracle import zset
 from . import harness
-from .harness import Restart, at_every_worker_count, insert_delete_steps
-from .test_sql import SCHEMAS, a_rows, b_rows
+from .harness import SQL_SCHEMAS as SCHEMAS
+from .harness import Restart, a_rows, at_every_worker_count, b_rows, insert_delete_steps
 
 VIEWS = """
 CREATE MATERIALIZED VIEW top_two AS
