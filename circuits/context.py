@@ -47,6 +47,9 @@ class StepContext:
     so joins and groupings need no exchange and the step runs as one stage."""
     conformed: bool = False
     """The inputs have their declared schemas already (see :func:`circuits.zset.conform`)."""
+    large: bool = False
+    """A step of many input rows: it looks every trace up as a small one (see
+    :data:`circuits.runner.LARGE_STEP_ROWS`)."""
     schemas: dict[int, T.StructType] = field(default_factory=dict)
     """The schema of each node's delta, by node id, where known (see
     :meth:`circuits.circuit.Circuit.check`)."""
@@ -208,9 +211,10 @@ class NodeContext:
         (which carries the routing columns: it is keyed).
 
         Only these rows are shuffled, unless the trace is small (see
-        :meth:`~circuits.state.StateStore.is_small`).  ``null_safe`` makes null keys equal
-        (grouping semantics); otherwise null keys match nothing (join semantics).  The
-        result carries the routing columns and sits on the owning workers.
+        :meth:`~circuits.state.StateStore.is_small`) or the step :attr:`~StepContext.large`.
+        ``null_safe`` makes null keys equal (grouping semantics); otherwise null keys match
+        nothing (join semantics).  The result carries the routing columns and sits on the
+        owning workers.
 
         A lookup into a large trace may find no rows while its keys are collected (see
         :attr:`deferred`): an operator must not compute a lookup's ``probe`` from another
@@ -223,7 +227,7 @@ class NodeContext:
             F.col(VNODE).alias("_p_vnode"),
             *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)],
         )
-        if store.is_small(table):
+        if store.is_small(table) or self.step.large:
             trace = store.scan(table)
             if trace is None:
                 return self.keyed_empty(template)

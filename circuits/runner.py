@@ -32,6 +32,12 @@ OUTPUT = "output:"
 SMALL_STEP_ROWS = 100_000
 """A step of at most this many input rows runs in one Spark partition, as one stage:
 below it, exchanging rows between workers costs more than the parallelism saves."""
+LARGE_STEP_ROWS = 1_000_000
+"""A step of more input rows looks each large trace up whole, joined with the step's keys
+by a shuffle (as a small trace is): collecting its keys to skip trace files would bring
+them all to the driver (a 10M-event step's: 1.3 GB, above Spark's ``maxResultSize``),
+broadcasting them would hold them all in each executor, and so many keys admit most files
+anyway."""
 INTERPRETED_STEP_ROWS = 20_000
 """A step of at most this many input rows interprets its rows; a larger one compiles
 (whole-stage code generation).  On ``bids_by_category`` at 1M rows of state, after a few
@@ -172,6 +178,7 @@ class StepRunner:
             empty_inputs,
             single,
             conformed,
+            large=rows is not None and rows > LARGE_STEP_ROWS,
             schemas=self.schemas,
         )
         outputs = self.circuit.plan(ctx)

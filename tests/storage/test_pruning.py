@@ -299,3 +299,30 @@ def _file_rows(root: str, side: str) -> list[int]:
     return (
         add_actions(open_table(os.path.join(root, "state", _trace_name(root, side)))).column("num_records").to_pylist()
     )
+
+
+def test_a_large_step_reads_a_large_trace_whole_without_collecting_its_keys_and_is_right(spark, tmp_path, monkeypatch):
+    """A step of more than ``LARGE_STEP_ROWS`` input rows joins the traces with its keys by a
+    shuffle: it collects no keys (a 10M-event step's exceeded the driver's result size) and
+    skips no file; the join is the same."""
+    from circuits import context, runner
+
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
+    monkeypatch.setattr(runner, "LARGE_STEP_ROWS", 12, raising=False)  # the second step, 14 rows, is large
+    collections = []
+    collect = context.StepContext.collect_keys
+    monkeypatch.setattr(context.StepContext, "collect_keys", lambda step: collections.append(1) or collect(step))
+    root = str(tmp_path / "large")
+    steps = [(list(range(10)), list(range(5, 15))), (list(range(10, 20)), [1, 2, 12, 30])]
+    for step, (left, right) in enumerate(steps):
+        del collections[:]
+        pipeline = _join_step(spark, root, step, left, right)
+    assert collections == []
+    expected = Counter()
+    for left_step, (left, _) in enumerate(steps):
+        for right_step, (_, right) in enumerate(steps):
+            expected.update((k, left_step, right_step) for k in left if k in right)
+    joined = Counter()
+    for r in pipeline.read_outputs("joined", 0, 1).collect():
+        joined[(r["k"], r["a"], r["b"])] += r["_weight"]
+    assert +joined == expected
