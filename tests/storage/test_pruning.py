@@ -88,6 +88,19 @@ def _join_step(spark, root: str, step: int, left: list[int], right: list[int]) -
     return pipeline
 
 
+def _assert_joined(pipeline: Pipeline, steps: list[tuple[list[int], list[int]]]) -> None:
+    """The integral of :func:`_join`'s output after ``steps`` (left and right keys by step)
+    is the join of every step's left keys with every step's right keys."""
+    expected = Counter()
+    for left_step, (left, _) in enumerate(steps):
+        for right_step, (_, right) in enumerate(steps):
+            expected.update((k, left_step, right_step) for k in left if k in right)
+    joined = Counter()
+    for r in pipeline.read_outputs("joined", 0, len(steps) - 1).collect():
+        joined[(r["k"], r["a"], r["b"])] += r["_weight"]
+    assert +joined == expected
+
+
 def test_a_join_reads_only_the_trace_files_that_may_hold_the_other_sides_keys_and_is_right(
     spark, tmp_path, monkeypatch
 ):
@@ -105,14 +118,7 @@ def test_a_join_reads_only_the_trace_files_that_may_hold_the_other_sides_keys_an
     for side, keys in (("left", steps[3][1]), ("right", steps[3][0])):
         admitting = {path for path, (low, high) in before[side].items() if any(low <= k <= high for k in keys)}
         assert admitting and set(read) & set(before[side]) == admitting, side
-    expected = Counter()
-    for left_step, (left, _) in enumerate(steps):
-        for right_step, (_, right) in enumerate(steps):
-            expected.update((k, left_step, right_step) for k in left if k in right)
-    joined = Counter()
-    for r in pipeline.read_outputs("joined", 0, 3).collect():
-        joined[(r["k"], r["a"], r["b"])] += r["_weight"]
-    assert +joined == expected
+    _assert_joined(pipeline, steps)
 
 
 def _demo_outputs(spark, root: str, steps: int) -> dict[str, Counter]:
@@ -318,11 +324,4 @@ def test_a_large_step_reads_a_large_trace_whole_without_collecting_its_keys_and_
         del collections[:]
         pipeline = _join_step(spark, root, step, left, right)
     assert collections == []
-    expected = Counter()
-    for left_step, (left, _) in enumerate(steps):
-        for right_step, (_, right) in enumerate(steps):
-            expected.update((k, left_step, right_step) for k in left if k in right)
-    joined = Counter()
-    for r in pipeline.read_outputs("joined", 0, 1).collect():
-        joined[(r["k"], r["a"], r["b"])] += r["_weight"]
-    assert +joined == expected
+    _assert_joined(pipeline, steps)
