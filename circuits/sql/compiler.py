@@ -711,7 +711,7 @@ class _Compiler:
             if argument is not None:
                 arguments.setdefault(argument, self.fresh())
         projected = {**(keys or {self.fresh(): "0"}), **{c: text for text, c in arguments.items()}}
-        types = self.types_of(rel.schema(), projected)
+        types = self.types_of(schema, projected)
         _atomic_keys({k: types[k] for k in keys}, "a GROUP BY key", "group by its fields instead")
         aggs: dict[str, ops.Agg] = {}
         values = {}
