@@ -27,11 +27,13 @@ import argparse
 import contextlib
 import contextvars
 import glob
-import itertools
 import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -251,36 +253,111 @@ def peer_inputs(spark: SparkSession, data: str, events: int) -> str:
     return where
 
 
-def recompute(peer: SparkSession, base: str, added: str) -> float:
-    """Seconds to recompute the four views over the Parquet inputs (base and added files)."""
+def add(peer: SparkSession, added: str, first: int, count: int) -> None:
+    """Events ``first..first+count`` as Parquet files of the peer's inputs."""
+    for name, df in nexmark_mix(peer, first, count).items():
+        df.write.parquet(os.path.join(added, name, f"{first:012d}"))
+
+
+def register(peer: SparkSession, base: str, added: str) -> None:
+    """The inputs (base and added files) as the peer's temporary views."""
     for name in SCHEMAS:
         paths = [os.path.join(base, name, "base"), *glob.glob(os.path.join(added, name, "*"))]
         peer.read.parquet(*paths).createOrReplaceTempView(name)
+
+
+def recompute(peer: SparkSession, base: str, added: str) -> float:
+    """Seconds to recompute the four views over the Parquet inputs (base and added files)."""
+    register(peer, base, added)
     return sum(timed(lambda view=view: peer.sql(RECOMPUTE_SQL[view]).collect()) for view in VIEWS)
+
+
+def pipeline_at(spark: SparkSession, root: str, workers: int) -> Pipeline:
+    return Pipeline(spark, root, nexmark_circuit("scale", VIEWS), workers=workers)
+
+
+def step(pipeline: Pipeline, n: int, first: int, count: int) -> None:
+    """Step ``n``: events ``first..first+count``."""
+    pipeline.submit(n, weighted(nexmark_mix(pipeline.spark, first, count)), [Range("bench", 0, n, n + 1)])
+    pipeline.run()
+
+
+class Progress:
+    """The next event and step of a run's pipeline, kept beside it (``progress.json``) so
+    that ``--keep`` can measure a state loaded by an earlier run."""
+
+    def __init__(self, root: str, added: str, keep: bool) -> None:
+        self.path = os.path.join(root, "progress.json")
+        if not (keep and os.path.exists(self.path)):
+            for path in (root, added):
+                shutil.rmtree(path, ignore_errors=True)
+        self.loaded = os.path.exists(self.path)
+        saved = json.load(open(self.path)) if self.loaded else {"event": 0, "step": 0}
+        self.event, self.step = saved["event"], saved["step"]
+
+    def advance(self, events: int) -> None:
+        self.event, self.step = self.event + events, self.step + 1
+        with open(self.path, "w") as f:
+            json.dump({"event": self.event, "step": self.step}, f)
+
+
+def crash_and_recover(spark: SparkSession, server: Server, args, root: str, progress: Progress, count: int) -> None:
+    """Runs the next step in a child process, kills it with SIGKILL ``--crash-after``
+    seconds into the step, then recovers the pipeline here (``Pipeline.run``: the last
+    checkpoint is opened and the step replayed).  The final check of the integrated
+    output then shows whether anything was lost or duplicated."""
+    n, first = progress.step, progress.event
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--url",
+            server.url,
+            "--child-step",
+            root,
+            str(args.workers),
+            str(n),
+            str(first),
+            str(count),
+        ],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    if child.stdout.readline().strip() != "stepping":
+        raise RuntimeError(f"the crashed step's process failed before its step (exit {child.wait()})")
+    time.sleep(args.crash_after)
+    if child.poll() is not None:
+        raise RuntimeError(f"step {n} ended (exit {child.returncode}) before the kill: lower --crash-after")
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    print(f"step {n} ({count:,} events): killed with SIGKILL {args.crash_after:.1f} s into the step", flush=True)
+    recovery = timed(lambda: pipeline_at(spark, root, args.workers).run())
+    print(f"recovered in {recovery:.1f} s: next step {progress.step + 1}", flush=True)
 
 
 def measure(spark: SparkSession, server: Server, args: argparse.Namespace, events: int) -> list[dict]:
     root = os.path.join(args.root, f"state-{events}")
     added = os.path.join(args.root, f"added-{events}")
-    for path in (root, added):
-        shutil.rmtree(path, ignore_errors=True)
+    progress = Progress(root, added, args.keep)
     peer = spark.newSession()
     for key, value in SPARK_DEFAULTS.items():
         peer.conf.set(key, value)
     base = peer_inputs(peer, args.data, events)
-    pipeline = Pipeline(spark, root, nexmark_circuit("scale", VIEWS), workers=args.workers)
-    steps = itertools.count()
+    pipeline = pipeline_at(spark, root, args.workers)
 
-    def step(first: int, count: int) -> None:
-        n = next(steps)
-        pipeline.submit(n, weighted(nexmark_mix(spark, first, count)), [Range("bench", 0, n, n + 1)])
-        pipeline.run()
+    def advance(count: int) -> None:
+        step(pipeline, progress.step, progress.event, count)
+        progress.advance(count)
 
-    chunk = -(-events // args.load_steps)
-    load = sum(timed(lambda s=s: step(s, min(chunk, events - s))) for s in range(0, events, chunk))
-    print(f"loaded {events:,} events in {load:.1f} s ({args.load_steps} steps)", flush=True)
+    if progress.loaded:
+        print(f"kept: {progress.event:,} events of state in {progress.step} steps", flush=True)
+    else:
+        chunk = -(-events // args.load_steps)
+        load = sum(timed(lambda s=s: advance(min(chunk, events - s))) for s in range(0, events, chunk))
+        print(f"loaded {events:,} events in {load:.1f} s ({args.load_steps} steps)", flush=True)
     job = server.jobs_since(-1)[0]
-    rows, next_event = [], events
+    rows = []
     for delta in sorted({max(int(events * args.fraction), 1), args.fixed}):
         for i in range(args.warmup + args.steps):
             PRUNING["on"] = not args.alternate or i % 2 == 0
@@ -288,15 +365,14 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
             del LOOKUPS[:]
             OPENS.clear()
             before = commits(root)
+            state = progress.event
             with round_trips(spark) as calls, server.sampled():
-                wall = timed(lambda first=next_event, count=delta: step(first, count))
+                wall = timed(lambda count=delta: advance(count))
             job, jobs, stages, read = server.jobs_since(job)
-            for name, df in nexmark_mix(peer, next_event, delta).items():
-                df.write.parquet(os.path.join(added, name, f"{next_event:012d}"))
-            next_event += delta
+            add(peer, added, state, delta)
             rows.append(
                 {
-                    "state": next_event - delta,
+                    "state": state,
                     "delta": delta,
                     "warm": i >= args.warmup,
                     "pruned": PRUNING["on"],
@@ -315,9 +391,15 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
                 }
             )
             print_row(rows[-1])
+    if args.crash_after is not None:
+        delta = max(int(events * args.fraction), 1)
+        crash_and_recover(spark, server, args, root, progress, delta)
+        add(peer, added, progress.event, delta)
+        progress.advance(delta)
+    register(peer, base, added)
     for view in VIEWS:
         expected = Counter(tuple(r) for r in peer.sql(RECOMPUTE_SQL[view]).collect())
-        got = integrated_output(spark, root, view, next(steps) - 1)
+        got = integrated_output(spark, root, view, progress.step - 1)
         print(f"{view}: integrated output equals the recompute: {rounded(got) == rounded(expected)}")
     return rows
 
@@ -376,8 +458,22 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--root", default=None, help="where the pipelines live (default: a temporary directory)")
+    parser.add_argument(
+        "--keep", action="store_true", help="measure the state an earlier run left under --root (no load)"
+    )
+    parser.add_argument(
+        "--crash-after",
+        type=float,
+        help="after the measured steps, kill -9 a --fraction step's process this many seconds in, and recover",
+    )
+    parser.add_argument("--child-step", nargs=5, help=argparse.SUPPRESS)
     server_arguments(parser)
     args = parser.parse_args()
+    if args.child_step:
+        root, workers, n, first, count = args.child_step
+        print("stepping", flush=True)
+        step(pipeline_at(remote_session(args.url), root, int(workers)), int(n), int(first), int(count))
+        return
     work = tempfile.mkdtemp(prefix="state-scale-")
     args.root = args.root or work
     instrument()
