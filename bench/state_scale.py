@@ -18,7 +18,16 @@ files and bytes each trace lookup read (``DeltaStateStore.scan``); Delta commits
 table opens; the server's resident memory, peak over the step (sampled) and since start
 (``VmHWM``).  The views' integrated output is checked against the recompute at the end.
 
+``--root`` keeps the pipelines (and each one's next event and step, ``progress.json``):
+with ``--keep``, a later run measures the state an earlier one loaded (a 100M load takes
+most of an hour), on a server of its own (e.g. with another ``--driver-memory``).
+``--crash-after S`` then runs one more ``--fraction`` step in a child process, kills it
+with SIGKILL ``S`` seconds into the step, recovers the pipeline in this process
+(``Pipeline.run``), and the final check covers that step: lost or duplicated output
+would make the integral differ from the recompute.
+
     python bench/state_scale.py --events 1000000 10000000 --steps 3
+    python bench/state_scale.py --events 100000000 --load-steps 10 --root DIR --keep --crash-after 5
 """
 
 from __future__ import annotations
