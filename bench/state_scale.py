@@ -22,7 +22,7 @@ table opens; the server's resident memory, peak over the step (sampled) and sinc
 with ``--keep``, a later run measures the state an earlier one loaded (a 100M load takes
 most of an hour), on a server of its own (e.g. with another ``--driver-memory``).
 ``--crash-after S`` then runs one more ``--fraction`` step in a child process, kills it
-with SIGKILL ``S`` seconds into the step, recovers the pipeline in this process
+with SIGKILL ``S`` seconds into the step's run, recovers the pipeline in this process
 (``Pipeline.run``), and the final check covers that step: lost or duplicated output
 would make the integral differ from the recompute.
 
@@ -285,9 +285,12 @@ def pipeline_at(spark: SparkSession, root: str, workers: int) -> Pipeline:
     return Pipeline(spark, root, nexmark_circuit("scale", VIEWS), workers=workers)
 
 
-def step(pipeline: Pipeline, n: int, first: int, count: int) -> None:
-    """Step ``n``: events ``first..first+count``."""
+def step(pipeline: Pipeline, n: int, first: int, count: int, announce: bool = False) -> None:
+    """Step ``n``: events ``first..first+count``.  ``announce`` prints ``stepping`` once
+    the input is submitted, as the step's run starts (for :func:`crash_and_recover`)."""
     pipeline.submit(n, weighted(nexmark_mix(pipeline.spark, first, count)), [Range("bench", 0, n, n + 1)])
+    if announce:
+        print("stepping", flush=True)
     pipeline.run()
 
 
@@ -312,7 +315,7 @@ class Progress:
 
 def crash_and_recover(spark: SparkSession, server: Server, args, root: str, progress: Progress, count: int) -> None:
     """Runs the next step in a child process, kills it with SIGKILL ``--crash-after``
-    seconds into the step, then recovers the pipeline here (``Pipeline.run``: the last
+    seconds into the step's run (its input submitted), then recovers the pipeline here (``Pipeline.run``: the last
     checkpoint is opened and the step replayed).  The final check of the integrated
     output then shows whether anything was lost or duplicated."""
     n, first = progress.step, progress.event
@@ -480,8 +483,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child_step:
         root, workers, n, first, count = args.child_step
-        print("stepping", flush=True)
-        step(pipeline_at(remote_session(args.url), root, int(workers)), int(n), int(first), int(count))
+        step(pipeline_at(remote_session(args.url), root, int(workers)), int(n), int(first), int(count), announce=True)
         return
     work = tempfile.mkdtemp(prefix="state-scale-")
     args.root = args.root or work
