@@ -32,6 +32,21 @@ run_queue:
 telemetry:
   enabled: false
 """
+EVENT_LOG_YAML = """\
+# Every run's events in one SQLite file: Dagster's default keeps a database per run, which
+# each step run creates and writes beside an index database. `dbsp dev` creates it before
+# Dagster's processes start. A shared deployment configures Postgres storage instead.
+event_log_storage:
+  module: dagster._core.storage.event_log
+  class: ConsolidatedSqliteEventLogStorage
+  config:
+    base_dir: {base_dir}
+"""
+
+
+def dagster_yaml(dagster_home: str) -> str:
+    """The ``dagster.yaml`` that ``dbsp`` writes in a new Dagster home."""
+    return DAGSTER_YAML + EVENT_LOG_YAML.format(base_dir=os.path.join(os.path.abspath(dagster_home), "history"))
 
 
 def _prepare_home() -> None:
@@ -39,7 +54,7 @@ def _prepare_home() -> None:
     os.environ[HOME_ENV] = home()
     os.environ.setdefault("DAGSTER_HOME", home("dagster"))
     os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
-    _write_once(os.path.join(os.environ["DAGSTER_HOME"], "dagster.yaml"), DAGSTER_YAML)
+    _write_once(os.path.join(os.environ["DAGSTER_HOME"], "dagster.yaml"), dagster_yaml(os.environ["DAGSTER_HOME"]))
     # Dagster's UI greets a home without this file with its "join the community" dialog.
     _write_once(os.path.join(os.environ["DAGSTER_HOME"], ".nux", "nux.yaml"), "seen: 1\n")
 

@@ -228,6 +228,7 @@ def dev(args: argparse.Namespace) -> int:
     if problem:
         print(f"dbsp dev: {problem}; stop what listens there or choose another port: dbsp dev -p PORT", file=sys.stderr)
         return 2
+    devserver.create_instance(os.environ["DAGSTER_HOME"])
     code = devserver.run(
         devserver.dagster_dev_command(target, args.dagster_args), say=lambda s: print(s, file=sys.stderr)
     )

@@ -37,6 +37,16 @@ def dagster_dev_command(target: Sequence[str], dagster_args: Sequence[str]) -> l
     return [sys.executable, "-m", "dagster", "dev", *target, *dagster_args]
 
 
+def create_instance(dagster_home: str) -> None:
+    """Creates the instance's databases in ``dagster_home`` if they are missing.  ``dagster
+    dev``'s webserver, daemon and code server would otherwise each create a new home's at
+    once, and the set-up of the event log that ``dbsp`` configures does not retry: one of
+    them fails on alembic's version table."""
+    from dagster import DagsterInstance
+
+    DagsterInstance.from_config(dagster_home).dispose()
+
+
 def address(dagster_args: Sequence[str]) -> tuple[str, int]:
     """The host and port the webserver will bind (``dagster dev``'s ``-h``/``-p``, defaults)."""
     host, port = "127.0.0.1", 3000

@@ -24,8 +24,9 @@ from dagster._core.storage.tags import (
 from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
 from circuits.spark import stop_connect_server
-from dagster_project.cli import DAGSTER_YAML
+from dagster_project.cli import dagster_yaml
 from dagster_project.config import parse_project
+from dagster_project.devserver import create_instance
 from dagster_project.factory import build_definitions, step_key
 from sensors.broker import local_producer_config
 from sensors.kafka import KafkaClient
@@ -180,7 +181,8 @@ def dagster_dev(
     it is stopped at the end.  ``settings`` are the pipeline's (see :func:`project_settings`)."""
     home = tmp_path / "dagster"
     home.mkdir()
-    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    (home / "dagster.yaml").write_text(dagster_yaml(str(home)))
+    create_instance(str(home))
     config = tmp_path / "dbsp.yaml"
     spark_port = None if spark else free_port()
     spark = spark or {"embedded_port": spark_port}

@@ -14,10 +14,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+import dagster as dg
 import pytest
 import yaml
 
 from circuits.daemon import free_port
+from dagster_project.cli import dagster_yaml
+from dagster_project.devserver import create_instance
 
 PROJECT = Path(__file__).resolve().parents[2]
 DBSP = str(Path(sys.executable).parent / "dbsp")
@@ -358,6 +361,7 @@ def test_dbsp_dev_serves_the_configuration_given_with_config(tmp_path):
             time.sleep(1)
         jobs = served_jobs(port)
         assert {"nexmark_step_job", "revenue_step_job"} <= jobs and "decoy_step_job" not in jobs, jobs
+        assert (tmp_path / "dbsp" / "dagster" / "history" / "event_log.db").exists()  # one database for all runs
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(dev.pid, signal.SIGINT)
@@ -396,3 +400,35 @@ def test_the_gateway_command_loads_neither_dagster_nor_pyspark(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["k:9092"]  # the settings read, and no pyspark or dagster module among those loaded
+
+
+OPEN_INSTANCE = """
+import sys
+from dagster import DagsterInstance
+DagsterInstance.from_config(sys.argv[1]).dispose()
+"""
+
+
+def test_a_new_dagster_home_keeps_every_runs_events_in_one_database_made_before_dagster_starts(tmp_path):
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(dagster_yaml(str(home)))
+    create_instance(str(home))
+    assert (home / "history" / "event_log.db").exists()
+    # dagster dev's webserver, daemon and code server open it at once.
+    openers = [subprocess.Popen([sys.executable, "-c", OPEN_INSTANCE, str(home)]) for _ in range(3)]
+    assert [p.wait(timeout=120) for p in openers] == [0, 0, 0]
+
+    @dg.op
+    def one() -> None:
+        pass
+
+    @dg.job
+    def only_one() -> None:
+        one()
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        result = only_one.execute_in_process(instance=instance)
+        assert result.success
+        stored = instance.all_logs(result.run_id)
+    assert stored and not list((home / "history").glob(f"**/{result.run_id}.db"))
