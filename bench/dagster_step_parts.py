@@ -8,7 +8,8 @@ round trips of the run by kind.
 ``--alternate`` checks every other step with one Spark job (as before the checks ran in
 the run's process: ``storage.inspect.LOCAL_ROWS = 0``), so both ways are measured on one
 server in the same minutes.  The demo's own embedded broker and Spark Connect server run
-on free ports under a temporary ``$DBSP_HOME``.
+on free ports under a temporary ``$DBSP_HOME``, whose Dagster home is the one ``dbsp`` writes
+(``--per-run-event-logs``: with Dagster's default event log instead).
 
     python bench/dagster_step_parts.py --steps 10 --warmup 2 --alternate
 """
@@ -35,6 +36,7 @@ os.makedirs(os.environ["DAGSTER_HOME"])
 from circuits.daemon import free_port  # noqa: E402
 from circuits.spark import round_trips, stop_connect_server  # noqa: E402
 from dagster_project import demo, factory  # noqa: E402
+from dagster_project.cli import DAGSTER_YAML, dagster_yaml  # noqa: E402
 from dagster_project.config import demo_settings, parse_project  # noqa: E402
 from dagster_project.console import Progress  # noqa: E402
 from dagster_project.resources import SparkResource  # noqa: E402
@@ -69,8 +71,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="unrecorded steps first")
     parser.add_argument("--events", type=int, default=1000, help="events per step")
     parser.add_argument("--alternate", action="store_true", help="check every other step with one Spark job")
+    parser.add_argument(
+        "--per-run-event-logs",
+        action="store_true",
+        help="Dagster's default event log (a database per run), not the one database dbsp configures",
+    )
     parser.add_argument("--trace", type=argparse.FileType("w"), help="a line per round trip: its call sites")
     args = parser.parse_args()
+    home = os.environ["DAGSTER_HOME"]
+    with open(os.path.join(home, "dagster.yaml"), "w") as f:
+        f.write(DAGSTER_YAML if args.per_run_event_logs else dagster_yaml(home))
     broker, spark = free_port(), free_port()
     resources = {"kafka": {"embedded_port": broker}, "spark": {"embedded_port": spark}}
     project = parse_project({"pipelines": [demo_settings()["pipelines"][0]], "resources": resources}, "bench")
