@@ -33,12 +33,12 @@ telemetry:
   enabled: false
 """
 EVENT_LOG_YAML = """\
-# Every run's events in one SQLite file: Dagster's default keeps a database per run, which
-# each step run creates and writes beside an index database. `dbsp dev` creates it before
-# Dagster's processes start. A shared deployment configures Postgres storage instead.
+# Every run's events in one SQLite database, its connections kept open by each process
+# (dagster_project/event_log.py). `dbsp dev` creates it before Dagster's processes start.
+# A shared deployment configures Postgres storage instead.
 event_log_storage:
-  module: dagster._core.storage.event_log
-  class: ConsolidatedSqliteEventLogStorage
+  module: dagster_project.event_log
+  class: LocalEventLogStorage
   config:
     base_dir: {base_dir}
 """

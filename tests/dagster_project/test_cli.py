@@ -21,6 +21,7 @@ import yaml
 from circuits.daemon import free_port
 from dagster_project.cli import dagster_yaml
 from dagster_project.devserver import create_instance
+from dagster_project.event_log import LocalEventLogStorage
 
 PROJECT = Path(__file__).resolve().parents[2]
 DBSP = str(Path(sys.executable).parent / "dbsp")
@@ -428,7 +429,10 @@ def test_a_new_dagster_home_keeps_every_runs_events_in_one_database_made_before_
         one()
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert isinstance(instance.event_log_storage, LocalEventLogStorage)
         result = only_one.execute_in_process(instance=instance)
         assert result.success
+    assert not list((home / "history").glob(f"**/{result.run_id}.db"))
+    with dg.DagsterInstance.from_config(str(home)) as instance:  # as another process reads them
         stored = instance.all_logs(result.run_id)
-    assert stored and not list((home / "history").glob(f"**/{result.run_id}.db"))
+    assert {e.dagster_event_type for e in stored} >= {dg.DagsterEventType.RUN_START, dg.DagsterEventType.RUN_SUCCESS}
