@@ -315,9 +315,9 @@ class Progress:
 
 def crash_and_recover(spark: SparkSession, server: Server, args, root: str, progress: Progress, count: int) -> None:
     """Runs the next step in a child process, kills it with SIGKILL ``--crash-after``
-    seconds into the step's run (its input submitted), then recovers the pipeline here (``Pipeline.run``: the last
-    checkpoint is opened and the step replayed).  The final check of the integrated
-    output then shows whether anything was lost or duplicated."""
+    seconds into the step's run (its input submitted), then recovers the pipeline here
+    (``Pipeline.run``: the last checkpoint is opened and the step replayed).  The final
+    check of the integrated output then shows whether anything was lost or duplicated."""
     n, first = progress.step, progress.event
     child = subprocess.Popen(
         [
