@@ -410,6 +410,7 @@ DagsterInstance.from_config(sys.argv[1]).dispose()
 """
 
 
+@pytest.mark.slow
 def test_a_new_dagster_home_keeps_every_runs_events_in_one_database_made_before_dagster_starts(tmp_path):
     home = tmp_path / "dagster"
     home.mkdir()
