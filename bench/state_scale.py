@@ -304,8 +304,11 @@ class Progress:
             for path in (root, added):
                 shutil.rmtree(path, ignore_errors=True)
         self.loaded = os.path.exists(self.path)
-        saved = json.load(open(self.path)) if self.loaded else {"event": 0, "step": 0}
-        self.event, self.step = saved["event"], saved["step"]
+        self.event, self.step = 0, 0
+        if self.loaded:
+            with open(self.path) as f:
+                saved = json.load(f)
+            self.event, self.step = saved["event"], saved["step"]
 
     def advance(self, events: int) -> None:
         self.event, self.step = self.event + events, self.step + 1
@@ -313,7 +316,9 @@ class Progress:
             json.dump({"event": self.event, "step": self.step}, f)
 
 
-def crash_and_recover(spark: SparkSession, server: Server, args, root: str, progress: Progress, count: int) -> None:
+def crash_and_recover(
+    spark: SparkSession, server: Server, args: argparse.Namespace, root: str, progress: Progress, count: int
+) -> None:
     """Runs the next step in a child process, kills it with SIGKILL ``--crash-after``
     seconds into the step's run (its input submitted), then recovers the pipeline here
     (``Pipeline.run``: the last checkpoint is opened and the step replayed).  The final

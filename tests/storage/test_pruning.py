@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pyarrow as pa
 import pytest
 
-from circuits import Circuit, agg, from_rows
+from circuits import Circuit, agg, context, from_rows, runner
 from circuits.library import nexmark_circuit
 from storage import database
 from storage.database import may_hold
@@ -161,7 +161,7 @@ def test_a_large_write_is_cut_into_files_by_the_lookup_key_and_a_lookup_reads_on
     spark, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
-    monkeypatch.setattr(database, "CLUSTER_ROWS", 10, raising=False)
+    monkeypatch.setattr(database, "CLUSTER_ROWS", 10)
     read = _recorded_reads(monkeypatch)
     root = str(tmp_path / "cut")
     # Step 0 inserts keys 0..99 on the left (its per-worker files span every key unless
@@ -283,7 +283,7 @@ def test_a_compaction_by_a_fresh_pipeline_cuts_the_trace_files_by_the_lookup_key
     spark, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
-    monkeypatch.setattr(database, "CLUSTER_ROWS", 2, raising=False)  # a unit's file of 100 keys is cut
+    monkeypatch.setattr(database, "CLUSTER_ROWS", 2)  # a unit's file of 100 keys is cut
     layouts = []
     for fresh in (False, True):
         root = str(tmp_path / f"fresh-{fresh}")
@@ -311,10 +311,8 @@ def test_a_large_step_reads_a_large_trace_whole_without_collecting_its_keys_and_
     """A step of more than ``LARGE_STEP_ROWS`` input rows joins the traces with its keys by a
     shuffle: it collects no keys (a 10M-event step's exceeded the driver's result size) and
     skips no file; the join is the same."""
-    from circuits import context, runner
-
     monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
-    monkeypatch.setattr(runner, "LARGE_STEP_ROWS", 12, raising=False)  # the second step, 14 rows, is large
+    monkeypatch.setattr(runner, "LARGE_STEP_ROWS", 12)  # the second step, 14 rows, is large
     collections = []
     collect = context.StepContext.collect_keys
     monkeypatch.setattr(context.StepContext, "collect_keys", lambda step: collections.append(1) or collect(step))
