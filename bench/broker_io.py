@@ -34,7 +34,7 @@ from confluent_kafka import Consumer
 
 from circuits.framing import consumer_config
 from circuits.library.nexmark import nexmark_records
-from sensors.broker import LocalBroker, ensure_topics, local_producer_config
+from sensors.broker import LocalBroker, ensure_topics
 from sensors.decode import KEYED, READER_CONFIG, _read_range
 from sensors.errors import SourceError
 from sensors.kafka import KafkaClient
@@ -48,7 +48,7 @@ def produce_rates(bootstrap: str, records: int, partitions: list[int], producers
         for k in sorted({1, min(producers, count)}):
             topic = f"produce-{count}-{k}"
             ensure_topics(bootstrap, {topic: count})
-            client = KafkaClient(bootstrap, local_producer_config(), timeout=30)
+            client = KafkaClient(bootstrap, timeout=30)
             started = time.perf_counter()
             client.produce_parallel(topic, [RECORD] * records, k)
             print(f"| {count} | {k} | {records / (time.perf_counter() - started):,.0f} |", flush=True)
@@ -67,7 +67,7 @@ def read(bootstrap: str, topic: str, start: int, end: int, wait: int, limit: flo
 
 def read_rates(bootstrap: str, sizes: list[int], waits: list[int], large: int, limit: float, producers: int) -> None:
     ensure_topics(bootstrap, {"read": 1})
-    client = KafkaClient(bootstrap, local_producer_config(), timeout=30)
+    client = KafkaClient(bootstrap, timeout=30)
     print("| partition size | fetch.wait.max.ms | small step (10 records) | large step |\n| --- | --- | --- | --- |")
     held = 0
     for size in sizes:
@@ -82,7 +82,7 @@ def read_rates(bootstrap: str, sizes: list[int], waits: list[int], large: int, l
 def step_reads(bootstrap: str, partitions: list[int], events: int, rounds: int, limit: float) -> None:
     print("| partitions per topic | ranges | read, median of rounds |\n| --- | --- | --- |")
     for count in partitions:
-        client = KafkaClient(bootstrap, local_producer_config(), timeout=30)
+        client = KafkaClient(bootstrap, timeout=30)
         topics = {kind: f"step-{count}-{kind}" for kind in ("persons", "auctions", "bids")}
         ensure_topics(bootstrap, {t: count for t in topics.values()})
         for kind, records in nexmark_records(0, events).items():

@@ -57,7 +57,7 @@ from circuits.library import revenue_circuit
 from circuits.spark import local_session
 from dagster_project.config import parse_project
 from dagster_project.factory import build_definitions, step_key
-from sensors.broker import LocalBroker, ensure_topics, local_producer_config
+from sensors.broker import LocalBroker, ensure_topics
 from sensors.kafka import KafkaClient
 from storage.delta import delta_tables
 from storage.logs import Range
@@ -301,8 +301,7 @@ def serve(args: argparse.Namespace, bootstrap: str) -> tuple[Dagster, str, objec
         defs.resources,
         defs.resolve_sensor_def(f"{NAME}_kafka_offsets"),
         defs.resolve_job_def(f"{NAME}_step_job"),
-        # The local broker needs one record per batch (see sensors.broker.local_producer_config).
-        KafkaClient(bootstrap, local_producer_config()),
+        KafkaClient(bootstrap),
         topics,
     )
     return dagster, defs.resources["store"].pipeline_root(NAME), spec.circuit_def

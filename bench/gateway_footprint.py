@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import yaml
 
 from gateway.control import call, running_url
-from sensors.broker import LocalBroker, ensure_topics, local_producer_config
+from sensors.broker import LocalBroker, ensure_topics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("pyspark", "deltalake", "pyarrow")
@@ -58,7 +58,7 @@ from storage.cursors import CursorStore
 bootstrap, sources, home = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 spec = GatewaySpec(buffers=2 * sources + 16)
 group = GeneratorSpec(kind="generator", name="g", topic="{TOPIC}", count=sources, lines=10**9, rate=1.0)
-config = {local_producer_config()!r}
+config = {{}}
 gateway = Gateway(spec, [group], bootstrap, config, home, CursorStore.of_gateway(spec.cursors, home), timeout=60)
 gateway.start()
 sys.stdin.read()
@@ -118,7 +118,7 @@ def dbsp_config(directory: str, bootstrap: str, sources: int) -> str:
         "resources": {
             "kafka": {
                 "bootstrap_servers": bootstrap,
-                "config": {k: str(v) for k, v in local_producer_config().items()},
+                "config": {},
             },
             "store": {"root": os.path.join(directory, "store")},
         },

@@ -58,7 +58,7 @@ from gateway.executor import AsyncSourceExecutor
 from gateway.gateway import flush_on_idle
 from gateway.pool import BufferPool
 from gateway.sources import GeneratorSource, SyncGeneratorSource
-from sensors.broker import LocalBroker, ensure_topics, local_producer_config
+from sensors.broker import LocalBroker, ensure_topics
 
 TOPIC = "gateway-bench"
 
@@ -259,7 +259,7 @@ def child(config: dict) -> dict:
     buffers = max(2048, 2 * n)
     pool = BufferPool(buffers, config["buffer_size"])
     if config["delivery"] == "broker":
-        delivery = BrokerDelivery(config["bootstrap"], local_producer_config(), pool.release, lambda *_: None)
+        delivery = BrokerDelivery(config["bootstrap"], {}, pool.release, lambda *_: None)
     else:
         delivery = InProcessDelivery(pool.release, lambda *_: None)
     executor = AsyncSourceExecutor(

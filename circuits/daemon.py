@@ -67,8 +67,20 @@ class Daemon:
     def log_path(self) -> str:
         return self.path("log")
 
-    def ensure(self, command: list[str], ready: Ready, env: Mapping[str, str] | None = None) -> bool:
-        """Starts the daemon with ``command`` unless a healthy one listens; whether it started one.
+    def write_logging(self, level: str) -> None:
+        """Writes the daemon's Log4j 2 settings (:func:`log4j2_properties`), read by a JVM
+        started with :attr:`logging_option`."""
+        write_if_changed(self.path("log4j2.properties"), log4j2_properties(self.log_path, level))
+
+    @property
+    def logging_option(self) -> str:
+        return f"-Dlog4j2.configurationFile=file:{self.path('log4j2.properties')}"
+
+    def ensure(
+        self, command: list[str] | Callable[[], list[str]], ready: Ready, env: Mapping[str, str] | None = None
+    ) -> bool:
+        """Starts the daemon with ``command`` (or the one it returns, asked only when starting)
+        unless a healthy one listens; whether it started one.
 
         The lock keeps two processes from both finding the port free and starting two."""
         os.makedirs(self.state_dir, exist_ok=True)
@@ -79,6 +91,8 @@ class Daemon:
                     return False
                 except Exception:
                     self.stop()
+            if callable(command):
+                command = command()
             with open(self.log_path, "ab") as log:
                 process = subprocess.Popen(
                     command,
@@ -127,3 +141,41 @@ def _end(pid: int, port: int, timeout: float = 10.0) -> None:
             time.sleep(0.05)
         if not listening(port, timeout=0.2):
             return
+
+
+LOG_BYTES = 10 * 2**20
+LOG_FILES = 3  # kept besides the current one
+
+
+def write_if_changed(path: str, text: str) -> None:
+    # Every process that ensures a daemon writes its settings: rewriting the file each time could let a
+    # starting server read it half written.
+    with contextlib.suppress(FileNotFoundError), open(path) as f:
+        if f.read() == text:
+            return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def log4j2_properties(path: str, level: str) -> str:
+    """Log4j 2 settings of a JVM daemon: ``level`` and above, into ``path``, rolled over.
+    The JVM's own stdout and stderr go to ``path`` too (the daemon's log): both append."""
+    return "\n".join(
+        [
+            f"rootLogger.level = {level}",
+            "rootLogger.appenderRef.file.ref = file",
+            "appender.file.type = RollingFile",
+            "appender.file.name = file",
+            f"appender.file.fileName = {path}",
+            f"appender.file.filePattern = {path}.%i",
+            "appender.file.layout.type = PatternLayout",
+            "appender.file.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
+            "appender.file.policies.type = Policies",
+            "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
+            f"appender.file.policies.size.size = {LOG_BYTES}",
+            "appender.file.strategy.type = DefaultRolloverStrategy",
+            f"appender.file.strategy.max = {LOG_FILES}",
+            "",
+        ]
+    )

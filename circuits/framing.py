@@ -48,6 +48,8 @@ def consumer_config(bootstrap_servers: str, config: dict | None = None) -> dict:
         "enable.auto.commit": False,
         # Offsets that are gone must fail the read, never silently jump to other offsets.
         "auto.offset.reset": "error",
+        # Records of an aborted transaction never enter a step (librdkafka's default, stated).
+        "isolation.level": "read_committed",
     }
 
 

@@ -8,7 +8,6 @@ The engine uses only APIs that work both over Spark Connect and in a classic ses
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
@@ -30,6 +29,7 @@ from pyspark.sql import types as T
 
 from .daemon import HOST, Daemon, listening
 from .errors import SparkUnavailableError
+from .jvm import SPARK, jars
 from .zset import add
 
 ENGINE_CONF = {
@@ -94,6 +94,20 @@ SERVER_CONF = {
 }
 """Settings of the Spark application itself (a classic session's, or a Connect server's)."""
 
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+"""Delta Lake's SQL extension and catalog: ``format("delta")``, ``VERSION AS OF`` and Delta
+tables by name."""
+
+
+def application_conf() -> dict[str, str]:
+    """The Spark application's settings: :data:`SERVER_CONF`, Delta's, and the JARs of
+    :data:`circuits.jvm.SPARK` (Delta's and Spark's Kafka connectors, resolved on first use)."""
+    return {**SERVER_CONF, **DELTA_CONF, "spark.jars": ",".join(jars(SPARK))}
+
+
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 CONNECT_PORT = 15002
 
@@ -112,7 +126,7 @@ def session(master: str, app_name: str = "dbsp", extra: dict[str, str] | None = 
     # that used Connect, makes the classic builder refuse: this process is a classic one.
     os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**ENGINE_CONF, **SERVER_CONF, **(extra or {})}.items():
+    for key, value in {**ENGINE_CONF, **application_conf(), **(extra or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     # The classic driver's own log level: the one use of sparkContext, outside the engine.
@@ -186,14 +200,14 @@ def connect_server(
     too (the URL names it): the server starts Python workers (``mapInArrow``) per session,
     and keeps them after the session ends, so a session per run cost each run a second
     to start them and left three processes behind.  Its log holds ``log_level`` and above
-    (Spark's INFO lines fill a megabyte in minutes) and rolls over at :data:`LOG_BYTES`."""
+    (Spark's INFO lines fill a megabyte in minutes) and rolls over (:meth:`~circuits.daemon.Daemon.write_logging`)."""
     url = f"sc://{HOST}:{port}"
     application: list[str] = []
     daemon = Daemon("spark-connect", port, state_dir)
-    _write_if_changed(daemon.path("log4j2.properties"), _server_logging(daemon.log_path, log_level))
+    daemon.write_logging(log_level)
     home = os.path.dirname(pyspark.__file__)
     settings = {
-        **SERVER_CONF,
+        **application_conf(),
         "spark.connect.grpc.binding.address": HOST,
         "spark.connect.grpc.binding.port": str(port),
         # The shared session lives as long as the server.
@@ -211,7 +225,7 @@ def connect_server(
         "--driver-memory",
         driver_memory,
         "--driver-java-options",
-        f"-Dlog4j2.configurationFile=file:{daemon.path('log4j2.properties')}",
+        daemon.logging_option,
         *[arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")],
     ]
 
@@ -235,44 +249,6 @@ def connect_server(
     daemon.ensure(command, ready, env={"SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable})
     # Named after the server's application: a server started anew has new sessions.
     return f"{url}/;session_id={uuid.uuid5(uuid.NAMESPACE_URL, f'{url} {application[-1]}')}"
-
-
-LOG_BYTES = 10 * 2**20
-LOG_FILES = 3  # kept besides the current one
-
-
-def _write_if_changed(path: str, text: str) -> None:
-    # Every run process calls connect_server: rewriting the file each time could let a
-    # starting server read it half written.
-    with contextlib.suppress(FileNotFoundError), open(path) as f:
-        if f.read() == text:
-            return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def _server_logging(path: str, level: str) -> str:
-    """Log4j 2 settings for the server: ``level`` and above, into ``path``, rolled over.
-    The JVM's own stdout and stderr go to ``path`` too (the daemon's log): both append."""
-    return "\n".join(
-        [
-            f"rootLogger.level = {level}",
-            "rootLogger.appenderRef.file.ref = file",
-            "appender.file.type = RollingFile",
-            "appender.file.name = file",
-            f"appender.file.fileName = {path}",
-            f"appender.file.filePattern = {path}.%i",
-            "appender.file.layout.type = PatternLayout",
-            "appender.file.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
-            "appender.file.policies.type = Policies",
-            "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
-            f"appender.file.policies.size.size = {LOG_BYTES}",
-            "appender.file.strategy.type = DefaultRolloverStrategy",
-            f"appender.file.strategy.max = {LOG_FILES}",
-            "",
-        ]
-    )
 
 
 def _probe(url: str, log_path: str) -> str:

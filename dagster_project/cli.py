@@ -139,6 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--json", action="store_true", help="print the figures as JSON (status)")
     g.set_defaults(run="gateway")
 
+    j = commands.add_parser("jars", help="resolve the engine's JARs now (Delta, Spark's Kafka source, Apache Kafka)")
+    j.add_argument(
+        "--copy-to",
+        metavar="DIR",
+        help="also copy them into DIR/spark and DIR/kafka: the folder DBSP_JARS_DIR names on a machine without Maven",
+    )
+    j.set_defaults(run="jars")
+
     # Every option after ``dev`` but --config is dagster dev's (-p PORT, -h HOST, --help: its own help).
     v = commands.add_parser(
         "dev", help="dagster dev with the project's Dagster home (options: dagster dev's)", add_help=False

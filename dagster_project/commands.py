@@ -13,6 +13,7 @@ from dagster import DagsterInstance
 from rich.console import Console
 from rich.table import Table
 
+from circuits import jvm
 from circuits.daemon import listening
 from circuits.errors import DbspError
 from circuits.spark import stop_connect_server
@@ -207,9 +208,24 @@ def stop(args: argparse.Namespace) -> int:
     spark_port, broker_port = resources["spark"].embedded_port, resources["kafka"].embedded_port
     for what, stopped in (
         (f"Spark Connect server on port {spark_port}", stop_connect_server(home("spark"), spark_port)),
-        (f"Kafka broker on port {broker_port} (its records are gone)", stop_local_broker(broker_port, home("broker"))),
+        (
+            f"Kafka broker on port {broker_port} (its records stay on disk)",
+            stop_local_broker(broker_port, home("broker")),
+        ),
     ):
         print(f"{'stopped' if stopped else 'not running:'} the embedded {what}")
+    return 0
+
+
+def jars(args: argparse.Namespace) -> int:
+    """Resolves every JAR set now (as the first command that needs one would), or copies them to ``--copy-to``."""
+    if args.copy_to:
+        for folder in jvm.copy_to(args.copy_to):
+            print(folder)
+        return 0
+    for jar_set in (jvm.SPARK, jvm.KAFKA):
+        found = jvm.jars(jar_set)
+        print(f"{jar_set.name}: {len(found)} JARs in {os.path.dirname(found[0])}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """The main job on the embedded local default, end to end through Dagster.
 
-Starts the bundled broker, produces Nexmark events to its topics, ticks the Kafka offset
+Starts the embedded broker, produces Nexmark events to its topics, ticks the Kafka offset
 sensor (which records each step's division in Delta and adds the step partition), runs
 each requested step through Dagster on local Spark, and finally checks each maintained
 view, read back from its output Delta table, against Spark batch SQL of the view's own

@@ -5,10 +5,6 @@ import json
 
 from sensors.ingest import KafkaSource
 
-PRODUCERS = 4
-"""Producers a demo topic's events go out through at once: the bundled broker, which takes
-one record per batch, acknowledges more records per second that way (``bench/broker_io.py``)."""
-
 
 def produce_events(source: KafkaSource, records_of, events: int, seed: int) -> int:
     """Sends the next ``events`` events of a demo producer to the source's topics and
@@ -17,5 +13,5 @@ def produce_events(source: KafkaSource, records_of, events: int, seed: int) -> i
     client = source.client()
     start = sum(high for _, high in client.offsets(list(source.topics.values())).values())
     for handle, records in records_of(start, events, seed).items():
-        client.produce_parallel(source.topics[handle], [json.dumps(r).encode() for r in records], PRODUCERS)
+        client.produce(source.topics[handle], (json.dumps(r).encode() for r in records))
     return start

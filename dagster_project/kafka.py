@@ -6,7 +6,7 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sensors.broker import ensure_local_broker, ensure_topics, local_producer_config
+from sensors.broker import ensure_local_broker, ensure_topics
 
 from .config import ConfigError, ProjectSpec, describe_errors, home
 
@@ -14,14 +14,16 @@ EMBEDDED = "embedded"
 
 
 class KafkaSettings(BaseModel):
-    """The Kafka cluster.  ``embedded`` (the default) starts the bundled broker on
-    ``embedded_port`` if nothing listens there (its records live in memory only: for local
-    runs, not production)."""
+    """The Kafka cluster.  ``embedded`` (the default) starts a local Apache Kafka node on
+    ``embedded_port`` (its controller on the port after) if nothing listens there, its log
+    under ``$DBSP_HOME/broker``: for local runs, not production."""
 
     model_config = ConfigDict(extra="forbid")
 
     bootstrap_servers: str = Field(EMBEDDED, description="host:port,... of the Kafka cluster, or 'embedded'")
-    embedded_port: int = Field(19092, gt=0, lt=65536, description="port of the embedded broker")
+    embedded_port: int = Field(
+        19092, gt=0, lt=65536, description="port of the embedded broker (its controller takes the next port)"
+    )
     security_protocol: str | None = Field(None, description="e.g. SASL_SSL")
     sasl_mechanism: str | None = Field(None, description="e.g. PLAIN or SCRAM-SHA-512")
     sasl_username: str | None = Field(None, description="use EnvVar('KAFKA_USERNAME')")
@@ -37,8 +39,7 @@ class KafkaSettings(BaseModel):
             "sasl.username": self.sasl_username,
             "sasl.password": self.sasl_password,
         }
-        embedded = local_producer_config() if self.bootstrap_servers == EMBEDDED else {}
-        return {**embedded, **{k: v for k, v in settings.items() if v is not None}, **self.config}
+        return {**{k: v for k, v in settings.items() if v is not None}, **self.config}
 
     def bootstrap(self, topics: dict[str, int]) -> str:
         """The bootstrap servers, after starting the embedded broker and creating ``topics``

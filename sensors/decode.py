@@ -61,15 +61,6 @@ the ranges of a small step share a task (a Python task costs more than its read)
 MAX_BATCH = 10_000
 """Most records asked of the consumer at once."""
 
-READER_CONFIG = {"fetch.wait.max.ms": 5000}
-"""A reader's consumer settings (the pipeline's client config overrides them).  It reads
-offsets known to exist.  Kafka answers a fetch as soon as ``fetch.min.bytes`` (1) are
-there, so the wait costs nothing on it; the bundled broker (tansu) answers with what it
-gathered once the wait is over, and its fetch takes longer the larger the partition: 10 ms
-starved from 60,000 records, 500 ms was 20 times slower at 300,000 (``bench/RESULTS.md``).
-The long wait is never waited out: a consumer reads one range and is closed, before the
-fetch past the range's end it may have in flight would return (:func:`_read_tasks`)."""
-
 # One row per consumed record: ``weight`` when the value is valid, else ``reason``.
 _RAW_SCHEMA = T.StructType(
     [
@@ -243,7 +234,10 @@ def _read_range(
     position = start
     # A consumer learns of a topic it was not assigned before only at its next periodic
     # metadata scan (every second); asking first makes the fetch start at once.
-    consumer.list_topics(topic, timeout)
+    try:
+        consumer.list_topics(topic, timeout)
+    except KafkaException as error:
+        raise undelivered(chunk, position, error_text(error), timeout, settings["bootstrap.servers"]) from error
     consumer.assign([TopicPartition(topic, partition, position)])
     while position < end:
         before = position
@@ -297,14 +291,13 @@ def undelivered(
     if high < end:
         return OffsetsLostError(
             f"{where}: the broker at {bootstrap_servers!r} ends at offset {high}, below the end {end} the division "
-            "recorded: the topic was recreated or the memory-only embedded broker restarted. Re-run from a checkpoint "
+            "recorded: the topic was deleted and created again, or the broker lost its log. Re-run from a checkpoint "
             "whose input is still on the broker, or point the pipeline at a new store root to start over"
         )
     return BrokerStalledError(
         f"{where}: the broker at {bootstrap_servers!r} answered (it holds offsets {low} to {high - 1}) but delivered "
-        f"nothing for {timeout:g} s after {position - start} of the range's {end - start} records; it is overloaded, "
-        "or its fetches need longer: raise fetch.wait.max.ms in the Kafka client config (a broker's fetch that "
-        "outlasts it comes back empty on the bundled one)"
+        f"nothing for {timeout:g} s after {position - start} of the range's {end - start} records; it is overloaded "
+        "or unwell: check its log"
     )
 
 
@@ -320,13 +313,13 @@ def _read_tasks(
     """The ``mapInArrow`` body, run on an executor: one batch of rows per chunk number it
     is given, then a row per gateway source it took bytes of, with the end of those bytes
     in ``taken``."""
-    settings = consumer_config(bootstrap_servers, {**READER_CONFIG, **(config or {})})
+    settings = consumer_config(bootstrap_servers, config)
     seen = dict(taken)
     for batch in batches:
         for i in batch.column("id").to_pylist():
             chunk = chunks[i]
             # A consumer per chunk: one assigned again waits out the fetch its last partition
-            # has in flight (the bundled broker holds it for fetch.wait.max.ms: 8.8 s a range).
+            # has in flight (past a partition's end the broker holds it for fetch.wait.max.ms).
             consumer = Consumer(settings)
             try:
                 rows = list(_read_range(consumer, chunk, fields[chunk[0]], timeout, settings, seen))

@@ -69,8 +69,8 @@ def next_starts(previous: list[Range], offsets: dict[Partition, tuple[int, int]]
         if start > high:
             raise OffsetsLostError(
                 f"topic {p[0]} partition {p[1]}: the broker's end offset {high} is below offset {start}, where the "
-                "division log says the next step starts; the topic was recreated (or the memory-only embedded broker "
-                "restarted). Point the pipeline at a new store root to start over"
+                "division log says the next step starts; the topic was deleted and created again (or the broker lost its "
+                "log). Point the pipeline at a new store root to start over"
             )
         starts[p] = start
     return starts

@@ -21,7 +21,7 @@ class TopicNotFoundError(SourceError):
 
 class OffsetsLostError(SourceError):
     """Offsets a step needs are no longer on the broker: below its log start (retention),
-    or above its end (the topic was recreated, or the memory-only embedded broker restarted)."""
+    or above its end (the topic was deleted and created again, or the broker lost its log)."""
 
 
 class UnsupportedSchemaError(SourceError):

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
 from functools import cached_property
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -53,8 +52,8 @@ class KafkaClient:
 
     def topics(self) -> dict[str, int]:
         """Every topic on the broker with its partition count."""
-        # Never ask for named topics: a metadata request naming a missing topic makes some
-        # brokers (tansu, or Kafka with auto-creation) create it.
+        # Never ask for named topics: a metadata request naming a missing topic makes a
+        # broker with auto-creation create it.
         metadata = self._call(lambda: self._admin.list_topics(timeout=self.timeout))
         return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
 
@@ -112,7 +111,7 @@ class KafkaClient:
         the record's key among ``keys`` when given; with its ``headers`` and its timestamp
         among ``timestamps``, milliseconds since the epoch, when given) and waits until the
         broker acknowledged every one; returns how many were sent."""
-        self.partitions([topic])  # producing to a missing topic would make tansu create it
+        self.partitions([topic])  # a missing topic is named, never created by the broker
         acks = _Acks()
         target = {} if partition is None else {"partition": partition}
         sent = 0
@@ -134,20 +133,6 @@ class KafkaClient:
                 f"{len(acks.failures)} of {sent} records to topic {topic!r} were refused: {acks.failures[0].str()}"
             )
         return sent
-
-    def produce_parallel(self, topic: str, values: Sequence[bytes], producers: int) -> int:
-        """Sends ``values`` to ``topic`` as :meth:`produce` does, cut in up to ``producers``
-        slices sent at once, each by a producer (a connection) of its own to a partition of
-        its own.  The bundled broker acknowledges more records per second over several
-        connections than over one (``bench/broker_io.py``); two connections never append to
-        one partition at once because then its high watermark can stay short of a record it
-        acknowledged, until the next append (``tests/sensors/test_kafka.py``)."""
-        producers = min(producers, self.partitions([topic])[topic])
-        size = max(-(-len(values) // producers), 1)
-        slices = [values[i : i + size] for i in range(0, len(values), size)]
-        clients = [self, *(KafkaClient(self.bootstrap_servers, self.config, self.timeout) for _ in slices[1:])]
-        with ThreadPoolExecutor(max(len(slices), 1)) as pool:
-            return sum(pool.map(lambda i: clients[i].produce(topic, slices[i], partition=i), range(len(slices))))
 
     def _send(self, topic: str, value: bytes, acks: _Acks, target: dict, sent: int) -> None:
         while True:

@@ -1,8 +1,8 @@
 """A KLogs sink that publishes to a Kafka topic, each message once (see :mod:`storage.sinks`).
 
-Each record carries its idempotency token in the header ``dbsp-token``.  The broker's
-transactions cannot be relied on (the bundled one has none that finish), so before a
-step's first attempt the sink records where the topic ended; a later attempt of the same
+Each record carries its idempotency token in the header ``dbsp-token``.  Exactly once rests
+on Delta, not on the broker's transactions (a sink's consumers need not read committed), so
+before a step's first attempt the sink records where the topic ended; a later attempt of the same
 step (after a crash before the checkpoint) reads the topic from there and publishes only
 the messages whose tokens it does not find.
 """

@@ -28,7 +28,6 @@ from dagster_project.cli import dagster_yaml
 from dagster_project.config import parse_project
 from dagster_project.devserver import create_instance
 from dagster_project.factory import build_definitions, step_key
-from sensors.broker import local_producer_config
 from sensors.kafka import KafkaClient
 from storage.pipeline import Pipeline
 
@@ -76,8 +75,7 @@ class Harness:
         self.instance = instance
         self.resources = self.defs.resources
         self.source = self.resources["kafka"].source(self.spec)
-        # The local broker needs one record per batch (see sensors.broker.local_producer_config).
-        self.client = KafkaClient(bootstrap, local_producer_config())
+        self.client = KafkaClient(bootstrap)
         if create_topics:
             self.client.create_topics({t: self.spec.topic_partitions for t in self.source.topics.values()})
         self.root = self.resources["store"].pipeline_root(self.name)

@@ -18,7 +18,6 @@ from dagster import Definitions, instance_for_test
 from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
 from gateway.control import call, running_url
-from sensors.broker import local_producer_config
 from sensors.kafka import KafkaClient
 from storage.inspect import rows_of_steps
 from storage.logs import read_steps
@@ -116,7 +115,7 @@ def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kil
         {"kind": "tcp", "name": "devices", "topic": f"{h.name}.bids", "port": port},
     ]
     # The test broker is tansu: its watermark counts one message per produced batch.
-    settings["resources"]["kafka"]["config"] = {k: str(v) for k, v in local_producer_config().items()}
+    settings["resources"]["kafka"]["config"] = {}
     settings["gateway"] = {"buffers": 2 * (DEVICES + FILES) + 64, "buffer_size": 2048}
     config = tmp_path / "dbsp.yaml"
     config.write_text(yaml.safe_dump(settings))
@@ -225,7 +224,7 @@ def test_the_gateway_rescale_job_moves_the_running_gateway_to_n_workers(spark, b
             GatewaySpec(buffers=16, buffer_size=256),
             [FilesSpec(**settings["sources"][0])],
             broker.bootstrap,
-            local_producer_config(),
+            {},
             str(tmp_path / "home" / "gateway"),
             CursorStore.of_gateway(
                 GatewaySpec(buffers=16, buffer_size=256).cursors, str(tmp_path / "home" / "gateway")
@@ -276,7 +275,7 @@ def test_a_gateway_killed_before_its_first_flush_leaves_every_line_once_and_in_o
             },
         },
     )
-    h.settings["resources"]["kafka"]["config"] = {k: str(v) for k, v in local_producer_config().items()}
+    h.settings["resources"]["kafka"]["config"] = {}
     config = tmp_path / "dbsp.yaml"
     config.write_text(yaml.safe_dump(h.settings))
     gateway = GatewayProcess(str(config), home, str(tmp_path / "gateway.out"))

@@ -10,7 +10,7 @@ from dagster import SkipReason, instance_for_test
 
 from circuits.vnodes import Layout
 from dagster_project import cli
-from sensors.broker import LocalBroker, local_producer_config
+from sensors.broker import LocalBroker
 from storage.delta import delta_tables
 from storage.lease import Lease
 from storage.pipeline import status
@@ -196,7 +196,7 @@ def test_the_produce_job_continues_the_demo_events_and_the_status_job_logs_where
     broker, tmp_path, instance
 ):
     # One record per batch, as the embedded broker's clients send: tansu's end offsets count only then.
-    kafka = {"bootstrap_servers": broker.bootstrap, "config": {k: str(v) for k, v in local_producer_config().items()}}
+    kafka = {"bootstrap_servers": broker.bootstrap, "config": {}}
     resources = {"store": {"root": str(tmp_path / "store")}, "kafka": kafka, "spark": {}}
     h = Harness(
         tmp_path,

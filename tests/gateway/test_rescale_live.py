@@ -27,7 +27,7 @@ from gateway.control import call
 from gateway.errors import GatewayError
 from gateway.gateway import Gateway
 from gateway.icadd import Placement
-from sensors.broker import ensure_topics, local_producer_config
+from sensors.broker import ensure_topics
 from sensors.ingest import KafkaSource
 from sensors.kafka import KafkaClient
 from storage.cursors import CursorStore
@@ -123,7 +123,7 @@ def grow_and_rescale(
         spec,
         groups,
         bootstrap,
-        local_producer_config(),
+        {},
         str(root / "gateway"),
         CursorStore.of_gateway(spec.cursors, str(root / "gateway")),
         timeout=30,
@@ -273,7 +273,7 @@ def test_rescale_is_refused_while_a_migration_runs_and_status_shows_the_workers(
         GatewaySpec(buffers=16, buffer_size=256, io_threads=1),
         [FilesSpec(kind="files", name="f", topic=topic, directory=str(tmp_path / "landing"))],
         broker.bootstrap,
-        local_producer_config(),
+        {},
         str(tmp_path / "home" / "gateway"),
         CursorStore.of_gateway(
             GatewaySpec(buffers=16, buffer_size=256, io_threads=1).cursors, str(tmp_path / "home" / "gateway")
@@ -343,7 +343,7 @@ def test_a_file_its_owner_refuses_for_a_full_pool_is_offered_again_when_there_is
         GatewaySpec(buffers=3, buffer_size=256, io_threads=2),
         [FilesSpec(kind="files", name="f", topic=topic, directory=str(landing), poll_interval=0.02)],
         broker.bootstrap,
-        local_producer_config(),
+        {},
         str(tmp_path / "gateway"),
         CursorStore.of_gateway(
             GatewaySpec(buffers=3, buffer_size=256, io_threads=2).cursors, str(tmp_path / "gateway")
@@ -383,7 +383,7 @@ def test_generators_stay_where_they_started_and_their_worker_cannot_leave(broker
         GatewaySpec(buffers=64, buffer_size=256, io_threads=2),
         [GeneratorSpec(kind="generator", name="g", topic=topic, count=20, lines=10_000, rate=20)],
         broker.bootstrap,
-        local_producer_config(),
+        {},
         str(tmp_path / "gateway"),
         CursorStore.of_gateway(
             GatewaySpec(buffers=64, buffer_size=256, io_threads=2).cursors, str(tmp_path / "gateway")
@@ -413,7 +413,7 @@ def test_a_moving_tcp_connection_is_closed_and_the_device_reconnects_to_its_new_
         GatewaySpec(buffers=64, buffer_size=256, io_threads=2),
         [TcpSpec(kind="tcp", name="dev", topic=topic, port=0)],
         broker.bootstrap,
-        local_producer_config(),
+        {},
         str(tmp_path / "gateway"),
         CursorStore.of_gateway(
             GatewaySpec(buffers=64, buffer_size=256, io_threads=2).cursors, str(tmp_path / "gateway")

@@ -2,14 +2,14 @@ import uuid
 
 import pytest
 
-from sensors.broker import ensure_topics, local_producer_config
+from sensors.broker import ensure_topics
 from sensors.kafka import KafkaClient
 
 
 @pytest.fixture
 def client(broker):
-    """A client of the session's broker that produces one record per batch, as tansu needs."""
-    return KafkaClient(broker.bootstrap, local_producer_config(), timeout=5)
+    """A client of the session's broker."""
+    return KafkaClient(broker.bootstrap, timeout=5)
 
 
 @pytest.fixture

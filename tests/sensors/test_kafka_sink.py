@@ -11,7 +11,6 @@ from confluent_kafka import Consumer, TopicPartition
 
 from circuits.framing import consumer_config
 from circuits.klogs import deploy
-from sensors.broker import local_producer_config
 from sensors.sinks import TOKEN_HEADER, KafkaSink
 from storage.faults import InjectedCrash
 from storage.sinks import Message, StaleEpochError, TokenStore
@@ -36,7 +35,7 @@ def records(bootstrap: str, topic: str, count: int) -> list[tuple]:
 @pytest.mark.slow
 def test_a_crash_after_publishing_publishes_nothing_twice(broker, new_topic, tmp_path, monkeypatch):
     topic, tokens = new_topic(1), TokenStore(str(tmp_path))
-    sink = KafkaSink(broker.bootstrap, topic, local_producer_config(), timeout=5)
+    sink = KafkaSink(broker.bootstrap, topic, {}, timeout=5)
     step0 = [Message('"f"', "0.0.0.0", "f", 1), Message('"m"', "0.1.0.0", "m", 3)]
     monkeypatch.setenv("DBSP_FAULT", "sink_after_publish:0")
     monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
@@ -69,7 +68,7 @@ def test_a_fan_out_reaches_the_topic_whole(spark, broker, new_topic, tmp_path, m
     and recording the tokens."""
     topic = new_topic(1)
     steps = [[("doc", "a a b")], *random_docs(seed=32, steps=2, per_step=12)]
-    sink = KafkaSink(broker.bootstrap, topic, local_producer_config(), timeout=5)
+    sink = KafkaSink(broker.bootstrap, topic, {}, timeout=5)
     circuit = deploy(lambda: word_counts(sink), "word_counts_kafka", vnodes=4)
     run_docs(spark, str(tmp_path / "pipeline"), circuit, steps, monkeypatch, crash)
     expected = counted_words(steps)

@@ -80,6 +80,8 @@ def test_recovery_after_kill_9_matches_a_run_without_crashes(spark, reference, t
             assert view == integral, (
                 f"run {i} ({fault or 'random kill'}): view {handle} differs from its log's integral"
             )
+        if i == 0:  # every table the engine wrote, read back by Spark's own Delta reader, also by time travel
+            assert workload.delta_spark_differences(spark, root) == []
         recovered = workload.output_log(pipeline, STEPS)
         if recovered != reference:
             mismatches += 1
