@@ -110,7 +110,12 @@ def build_pipeline(spec: PipelineSpec, gateway_topics: frozenset[str] = frozense
 def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource) -> Pipeline:
     session = spark.session()
     return Pipeline(
-        session, store.pipeline_root(spec.name), spec.circuit_for(session), workers=spec.workers, views=spec.views
+        session,
+        store.pipeline_root(spec.name),
+        spec.circuit_for(session),
+        workers=spec.workers,
+        views=spec.views,
+        catalog=spec.name,
     )
 
 

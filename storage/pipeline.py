@@ -142,10 +142,12 @@ class Pipeline:
         workers: int = 1,
         verify: bool = True,
         views: Collection[str] = (),
+        catalog: str | None = None,
     ):
         """``views``: the outputs whose current contents are kept as Delta tables under
         ``<root>/views`` (see :mod:`storage.views`); Dagster passes every sink that has
-        not opted out."""
+        not opted out.  ``catalog``: the session catalog's schema in which each view is a
+        table too (Dagster passes the pipeline's name)."""
         unknown = set(views) - set(circuit.outputs)
         if unknown:
             raise ViewError(
@@ -161,7 +163,7 @@ class Pipeline:
         self.state = DeltaStateStore(
             spark, root, frozenset({STATE_FORMAT}) if isinstance(circuit, KLogsCircuit) else READS
         )
-        self.views = CurrentViews(spark, root, views, partitions=workers)
+        self.views = CurrentViews(spark, root, views, partitions=workers, catalog=catalog)
         self.lease = Lease(root)
         self.sinks = Sinks(root, circuit)
         self.timings: Counter = Counter()

@@ -239,11 +239,17 @@ class CurrentViews:
     """The current-contents tables of a pipeline's ``sinks``, brought up to date step by step
     from the committed output log (see the module's docstring)."""
 
-    def __init__(self, spark: SparkSession, root: str, sinks: Collection[str], partitions: int = 2) -> None:
+    def __init__(
+        self, spark: SparkSession, root: str, sinks: Collection[str], partitions: int = 2, catalog: str | None = None
+    ) -> None:
+        """``catalog``: the session catalog's schema (database) in which each view is a table by
+        its sink's name, registered by the first update in a process."""
         self.spark = spark
         self.root = root
         self.sinks = sorted(sinks)
         self.partitions = max(1, partitions)
+        self.catalog = catalog
+        self._registered = False
         self.last_rewrite: dict[str, tuple[int, int]] = {}
         """Per sink, (files added, files removed) by the latest update."""
 
@@ -296,6 +302,10 @@ class CurrentViews:
             info = {STEP_INFO: str(step), FIRST_STEP_INFO: str(first)}
             commit(files, VIEW_APP, step, base=tables[sink], remove=removed, metadata=info)
             self.last_rewrite[sink] = (len(files.actions), len(removed))
+        if self.catalog and not self._registered:
+            # Once per process: a catalog kept in the server's memory is gone after a restart.
+            register_views(self.spark, self.catalog, {sink: self.uri(sink) for sink in self.sinks})
+            self._registered = True
 
     def _rewrite(self, tables: dict[str, DeltaTable], changes: dict[str, Change]) -> tuple[dict, dict]:
         if not changes:
@@ -331,6 +341,20 @@ class CurrentViews:
         """Records the views' versions in the checkpoint ``state`` is about to commit."""
         if self.sinks:
             state.set_meta(VIEWS_KEY, json.dumps(self.versions(), sort_keys=True))
+
+
+def register_views(spark: SparkSession, schema: str, uris: dict[str, str]) -> None:
+    """Makes each view (name: Delta table ``uri``) a table ``schema.name`` of the session
+    catalog, for Spark SQL users of the same server (``SELECT * FROM schema.name``, with
+    ``VERSION AS OF``); an existing one is left as it is."""
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}")
+    for name, uri in uris.items():
+        location = uri.replace("\\", "\\\\").replace("'", "\\'")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {_quoted(schema)}.{_quoted(name)} USING delta LOCATION '{location}'")
+
+
+def _quoted(identifier: str) -> str:
+    return "`" + identifier.replace("`", "``") + "`"
 
 
 def _rewrite_locally(uri: str, table: DeltaTable, change: Change, rewrite: Rewrite) -> WrittenFiles:

@@ -269,3 +269,20 @@ def test_integrating_in_the_process_gives_the_rows_spark_gives(spark):
     assert counted(tuple(r.values()) for r in kept.to_pylist()) == Counter(
         {("a", 1.0): 1, ("c", 0.0): 3, (None, "NaN"): 2, ("d", 2.5): 2}
     )
+
+
+def test_each_view_is_a_table_of_the_session_catalog_with_time_travel(spark, tmp_path):
+    schema = f"p{tmp_path.name[-8:].replace('-', '_')}"
+    pipeline = Pipeline(spark, str(tmp_path), circuit(), views=SINKS, catalog=schema)
+    submit(spark, pipeline, 0, Counter({(1, "a"): 1, (3, "b"): 2}))
+    pipeline.run(through=0)
+    submit(spark, pipeline, 1, Counter({(3, "b"): -1, (4, "c"): 1}))
+    pipeline.run(through=1)
+    for sink in SINKS:
+        uri = views.view_uri(str(tmp_path), sink)
+        latest = DeltaTable(uri).version()
+        assert Counter(tuple(r) for r in spark.sql(f"SELECT * FROM {schema}.{sink}").collect()) == view_rows(
+            str(tmp_path), sink
+        )
+        before = spark.sql(f"SELECT * FROM {schema}.{sink} VERSION AS OF {latest - 1}").collect()
+        assert Counter(tuple(r) for r in before) == view_rows(str(tmp_path), sink, latest - 1)
