@@ -57,7 +57,7 @@ def step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dict
     unflushed = unflushed_steps(pipeline.root, first, last)
     if unflushed:
         metadata["gateway/unflushed_cuts"] = MetadataValue.md(
-            'cut without the gateway\'s flush (see docs/gateway.md)\n\n| step | why |\n|---|---|\n'
+            "cut without the gateway's flush (see docs/gateway.md)\n\n| step | why |\n|---|---|\n"
             + "\n".join(f"| {step} | {reason} |" for step, reason in unflushed.items())
         )
     return metadata | gateway_metadata(figures_of_steps(pipeline.root, first, last))
