@@ -1,133 +1,143 @@
-"""Reads and produces on the bundled broker (tansu): what the step's fetch settings and the
-demo producer's partitions and connections give, in one run against one fresh broker.
+"""Produces and reads on the embedded broker (Apache Kafka), in one run against one fresh node.
 
-* ``produce``: records of a demo bid's size (about 110 bytes) sent to a fresh topic with
-  ``--partitions`` partitions each, by one producer and by ``--producers`` at once, at
-  most one per partition (``KafkaClient.produce`` and ``produce_parallel``, with the
-  embedded broker's one-record batches): records acknowledged per second.
-* ``read``: one partition grown to each of ``--sizes`` records; at each size, for each
-  ``fetch.wait.max.ms`` of ``--waits``, the step's reader (``sensors.decode._read_range``,
-  the code a Spark task runs, here in this process) reads a small step (the last 10
-  records: the latency of a small step) and a large one (the last ``--large`` records:
-  records per second), each with a fresh consumer and a limit of ``--limit`` seconds
-  without progress.  A read that makes no progress for that long is reported as starved.
-* ``step``: a demo step of ``--step-events`` Nexmark events produced to the demo's three
-  topics with each of ``--partitions`` partitions, then read one range at a time as a
-  step's Spark tasks read them (a fresh consumer per range; here one after another, in
-  this process): the reader's fixed cost per partition, ``--rounds`` times per count.
+* ``produce``: ``--produce`` records of a demo bid's size (about 110 bytes) sent by the demo's
+  producer (``KafkaClient.produce``, one producer) to a topic of ``--partitions``
+  partitions: records acknowledged per second.
+* ``read``: for each of ``--sizes`` (records), a step's division of that many bids over
+  ``--partitions`` partitions, read and decoded into the bids' columns by one Spark job
+  (a count over the decoded rows), three ways on the same ranges, alternating, best of
+  ``--rounds``:
 
-Run: ``PYTHONPATH=. python bench/broker_io.py`` (defaults as in ``bench/RESULTS.md``).
+  - ``engine``: the step's own reader (``sensors.decode.read_ranges``: confluent-kafka
+    consumers in ``mapInArrow`` tasks, JSON decoded and validated in Python);
+  - ``spark kafka``: Spark's Kafka source (``format("kafka")``, ``assign``, per-partition
+    ``startingOffsets``/``endingOffsets``, ``failOnDataLoss``, ``read_committed``) with
+    ``from_json`` over the declared schema;
+  - ``json file`` (the peer): ``spark.read.json`` of the same records from a file, with the
+    same schema.
 
-Kafka itself is not measured (none is installable here): there a fetch returns as soon as
-``fetch.min.bytes`` (1 by default) are available, so ``fetch.wait.max.ms`` only bounds
-the wait at the end of a partition, which a range read never asks for.
+Run: ``PYTHONPATH=. python bench/broker_io.py`` (``--url sc://...`` to use a running server).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import time
 
-from confluent_kafka import Consumer
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from circuits.framing import consumer_config
-from circuits.library.nexmark import nexmark_records
+from bench.common import on_spark, timed
+from circuits.library.nexmark import SCHEMAS
+from circuits.zset import parse_schema
 from sensors.broker import LocalBroker, ensure_topics
-from sensors.decode import KEYED, READER_CONFIG, _read_range
-from sensors.errors import SourceError
+from sensors.decode import read_ranges
 from sensors.kafka import KafkaClient
+from storage.logs import Range
 
-RECORD = b'{"auction": 1234567, "bidder": 1234567, "price": 4321, "channel": "Facebook", "date_time": 1700000000000}'
-
-
-def produce_rates(bootstrap: str, records: int, partitions: list[int], producers: int) -> None:
-    print("| partitions | producers | records/s |\n| --- | --- | --- |")
-    for count in partitions:
-        for k in sorted({1, min(producers, count)}):
-            topic = f"produce-{count}-{k}"
-            ensure_topics(bootstrap, {topic: count})
-            client = KafkaClient(bootstrap, timeout=30)
-            started = time.perf_counter()
-            client.produce_parallel(topic, [RECORD] * records, k)
-            print(f"| {count} | {k} | {records / (time.perf_counter() - started):,.0f} |", flush=True)
+BIDS = SCHEMAS["bids"]
 
 
-def read(bootstrap: str, topic: str, start: int, end: int, wait: int, limit: float) -> str:
-    """Seconds to read offsets [start, end) of partition 0, or why it failed."""
+def bid(i: int) -> bytes:
+    return json.dumps(
+        {
+            "auction": 1_000_000 + i,
+            "bidder": 1_000_000 + i % 977,
+            "price": i % 5000,
+            "channel": "Facebook",
+            "date_time": 1_700_000_000_000 + i,
+        }
+    ).encode()
+
+
+def produce_rate(bootstrap: str, records: int, partitions: int) -> float:
+    ensure_topics(bootstrap, {"produce": partitions})
+    seconds = timed(lambda: KafkaClient(bootstrap, timeout=30).produce("produce", (bid(i) for i in range(records))))
+    return records / seconds
+
+
+def engine(spark: SparkSession, bootstrap: str, ranges: list[Range], topic: str) -> int:
+    decoded = read_ranges(spark, bootstrap, None, ranges, {topic: BIDS})
     try:
-        started = time.perf_counter()
-        rows = _read(bootstrap, (topic, 0, start, end), {"fetch.wait.max.ms": wait}, limit)
-        seconds = time.perf_counter() - started
-        return f"{seconds:.2f} s ({rows / seconds:,.0f}/s)" if end - start > 10 else f"{seconds:.2f} s"
-    except SourceError as error:
-        return f"starved: {type(error).__name__}"
-
-
-def read_rates(bootstrap: str, sizes: list[int], waits: list[int], large: int, limit: float, producers: int) -> None:
-    ensure_topics(bootstrap, {"read": 1})
-    client = KafkaClient(bootstrap, timeout=30)
-    print("| partition size | fetch.wait.max.ms | small step (10 records) | large step |\n| --- | --- | --- | --- |")
-    held = 0
-    for size in sizes:
-        client.produce_parallel("read", [RECORD] * (size - held), producers)
-        held = size
-        for wait in waits:
-            small = read(bootstrap, "read", size - 10, size, wait, limit)
-            big = read(bootstrap, "read", size - large, size, wait, limit)
-            print(f"| {size:,} | {wait} | {small} | {large:,}: {big} |", flush=True)
-
-
-def step_reads(bootstrap: str, partitions: list[int], events: int, rounds: int, limit: float) -> None:
-    print("| partitions per topic | ranges | read, median of rounds |\n| --- | --- | --- |")
-    for count in partitions:
-        client = KafkaClient(bootstrap, timeout=30)
-        topics = {kind: f"step-{count}-{kind}" for kind in ("persons", "auctions", "bids")}
-        ensure_topics(bootstrap, {t: count for t in topics.values()})
-        for kind, records in nexmark_records(0, events).items():
-            client.produce(topics[kind], [json.dumps(r).encode() for r in records])
-        ranges = [
-            (t, p, low, high) for (t, p), (low, high) in client.offsets(list(topics.values())).items() if high > low
-        ]
-        times = []
-        for _ in range(rounds):
-            started = time.perf_counter()
-            for topic, partition, low, high in ranges:
-                _read(bootstrap, (topic, partition, low, high), READER_CONFIG, limit)
-            times.append(time.perf_counter() - started)
-        print(f"| {count} | {len(ranges)} | {statistics.median(times):.2f} s |", flush=True)
-
-
-def _read(bootstrap: str, chunk: tuple[str, int, int, int], config: dict, limit: float) -> int:
-    settings = consumer_config(bootstrap, config)
-    consumer = Consumer(settings)
-    try:
-        return sum(1 for _ in _read_range(consumer, chunk, KEYED, limit, settings, {}))
+        return decoded.inputs[topic].count()
     finally:
-        consumer.close()
+        decoded.unpersist()
+
+
+def spark_kafka(spark: SparkSession, bootstrap: str, ranges: list[Range], topic: str) -> int:
+    starts = {topic: {str(r.partition): r.start for r in ranges}}
+    ends = {topic: {str(r.partition): r.end for r in ranges}}
+    records = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("assign", json.dumps({topic: [r.partition for r in ranges]}))
+        .option("startingOffsets", json.dumps(starts))
+        .option("endingOffsets", json.dumps(ends))
+        .option("failOnDataLoss", "true")
+        .option("kafka.isolation.level", "read_committed")
+        .option("kafkaConsumer.pollTimeoutMs", "10000")
+        .load()
+    )
+    decoded = records.select(F.from_json(F.col("value").cast("string"), parse_schema(BIDS)).alias("v")).select("v.*")
+    return decoded.count()
+
+
+def json_file(spark: SparkSession, path: str) -> int:
+    return spark.read.schema(parse_schema(BIDS)).json(path).count()
+
+
+def compare(spark: SparkSession, work: str, bootstrap: str, size: int, args: argparse.Namespace) -> dict[str, float]:
+    """The best seconds of each way to read ``size`` records, after a round that warms up."""
+    topic = f"read-{size}"
+    ensure_topics(bootstrap, {topic: args.partitions})
+    client = KafkaClient(bootstrap, timeout=30)
+    for p in range(args.partitions):
+        client.produce(topic, (bid(i) for i in range(p, size, args.partitions)), partition=p)
+    ranges = [Range(topic, p, low, high) for (_, p), (low, high) in client.offsets([topic]).items()]
+    path = os.path.join(work, f"{topic}.json")
+    with open(path, "wb") as f:
+        f.writelines(bid(i) + b"\n" for i in range(size))
+    ways = {
+        "engine": lambda: engine(spark, bootstrap, ranges, topic),
+        "spark kafka": lambda: spark_kafka(spark, bootstrap, ranges, topic),
+        "json": lambda: json_file(spark, path),
+    }
+    best = dict.fromkeys(ways, float("inf"))
+    for round_ in range(args.rounds + 1):
+        for name, way in ways.items() if round_ % 2 else reversed(ways.items()):
+            started = time.perf_counter()
+            count = way()
+            seconds = time.perf_counter() - started
+            assert count == size, f"{name} read {count} of {size}"
+            if round_:
+                best[name] = min(best[name], seconds)
+    return best
+
+
+def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
+    with LocalBroker() as broker:
+        rate = produce_rate(broker.bootstrap, args.produce, args.partitions)
+        print(f"produce: {args.produce:,} records, one producer, {args.partitions} partitions: {rate:,.0f} records/s\n")
+        print("| records | engine s | spark kafka s | json file s | engine / json | spark kafka / json |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for size in args.sizes:
+            best = compare(spark, work, broker.bootstrap, size, args)
+            e, k, j = best["engine"], best["spark kafka"], best["json"]
+            print(f"| {size:,} | {e:.2f} | {k:.2f} | {j:.2f} | {e / j:.2f}x | {k / j:.2f}x |", flush=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=60_000, help="records per produce configuration")
-    parser.add_argument("--partitions", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--producers", type=int, default=4)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[20_000, 60_000, 150_000, 300_000])
-    parser.add_argument("--waits", type=int, nargs="+", default=[10, 500, 5000])
-    parser.add_argument("--large", type=int, default=10_000)
-    parser.add_argument("--limit", type=float, default=10.0)
-    parser.add_argument("--step-events", type=int, default=1_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["produce", "read", "step"], help="run one part only")
-    args = parser.parse_args()
-    with LocalBroker() as broker:
-        if args.only in (None, "produce"):
-            produce_rates(broker.bootstrap, args.records, args.partitions, args.producers)
-        if args.only in (None, "read"):
-            read_rates(broker.bootstrap, args.sizes, args.waits, args.large, args.limit, args.producers)
-        if args.only in (None, "step"):
-            step_reads(broker.bootstrap, args.partitions, args.step_events, args.rounds, args.limit)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--produce", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 100_000, 1_000_000])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--url", help="a running Spark Connect server (default: one started for the run)")
+    started = time.perf_counter()
+    on_spark(run, parser.parse_args(), "broker-io-")
+    print(f"\n{time.perf_counter() - started:.0f} s in all")
 
 
 if __name__ == "__main__":
