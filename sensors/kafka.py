@@ -6,10 +6,9 @@ Every call has a timeout, and confluent_kafka's ``KafkaException`` is translated
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Iterable
-from functools import cached_property
+from functools import cached_property, partial
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
@@ -114,18 +113,21 @@ class KafkaClient:
         self.partitions([topic])  # a missing topic is named, never created by the broker
         acks = _Acks()
         target = {} if partition is None else {"partition": partition}
+        given = [
+            (name, column)
+            for name, column in (("key", keys), ("headers", headers), ("timestamp", timestamps))
+            if column is not None
+        ]
+        names = [name for name, _ in given]
+        produce = partial(self._producer.produce, topic, on_delivery=acks)
         sent = 0
-        none = itertools.repeat(None)
-        columns = (
-            none if keys is None else keys,
-            none if headers is None else headers,
-            none if timestamps is None else timestamps,
-        )
-        for value, key, header, timestamp in zip(values, *columns):
-            extra = {
-                name: v for name, v in (("key", key), ("headers", header), ("timestamp", timestamp)) if v is not None
-            }
-            self._send(topic, value, acks, {**target, **extra}, sent)
+        for value, *extra in zip(values, *(column for _, column in given)):
+            kwargs = {**target, **dict(zip(names, extra))} if names else target
+            try:
+                produce(value, **kwargs)
+            except BufferError:
+                self._make_room(acks, topic, sent)
+                produce(value, **kwargs)
             sent += 1
         self._await(acks, topic, sent, lambda: len(self._producer) == 0)
         if acks.failures:
@@ -134,15 +136,10 @@ class KafkaClient:
             )
         return sent
 
-    def _send(self, topic: str, value: bytes, acks: _Acks, target: dict, sent: int) -> None:
-        while True:
-            try:
-                self._producer.produce(topic, value=value, on_delivery=acks, **target)
-                return
-            except BufferError:
-                # The local queue is full: wait for an acknowledgement to make room.
-                waiting = len(self._producer)
-                self._await(acks, topic, sent, lambda waiting=waiting: len(self._producer) < waiting)
+    def _make_room(self, acks: _Acks, topic: str, sent: int) -> None:
+        """Waits until the local queue, found full, has room: an acknowledgement came."""
+        waiting = len(self._producer)
+        self._await(acks, topic, sent, lambda: len(self._producer) < waiting)
 
     def _await(self, acks: _Acks, topic: str, sent: int, settled: Callable[[], bool]) -> None:
         """Serves acknowledgements until ``settled()``; fails once none came for ``self.timeout``
