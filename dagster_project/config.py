@@ -15,7 +15,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +39,7 @@ from gateway.config import GatewaySpec, SourceSpec
 
 if typing.TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql import types as T
 
     from circuits.circuit import Circuit
 
@@ -255,6 +256,8 @@ class PipelineSpec(BaseModel):
         circuit = _built(self.build_circuit) if self.circuit else self._compiled_if_session()
         if circuit is not None:
             self.check(circuit)
+        else:
+            self._check_input_types(self.input_schemas())
         if self.sql:  # compiled in the session the run uses (or None): the run compiles it no second time
             self._circuit = circuit
         return self
@@ -315,7 +318,22 @@ class PipelineSpec(BaseModel):
             raise ValueError(
                 f"sinks: {sorted(unknown)} are not outputs of the circuit; its outputs are {sorted(circuit.outputs)}"
             )
+        self._check_input_types(circuit.inputs)
         return circuit
+
+    def _check_input_types(self, schemas: Mapping[str, T.StructType | str]) -> None:
+        """Refuses an input column of a type JSON input cannot carry (a DDL schema with text
+        that only Spark parses is checked once the circuit is compiled)."""
+        from circuits.ddl import parse_ddl
+        from sensors.decode import fields_of
+        from sensors.errors import UnsupportedSchemaError
+
+        for handle, schema in schemas.items():
+            try:
+                if not isinstance(schema, str) or parse_ddl(schema) is not None:
+                    fields_of(schema)
+            except UnsupportedSchemaError as e:
+                raise ValueError(f"{'schemas' if self.sql else 'circuit'}: input {handle!r}: {e}") from None
 
     def circuit_for(self, session: SparkSession | None) -> Circuit:
         """The circuit, built once and checked against the sources and sinks; a ``sql:``

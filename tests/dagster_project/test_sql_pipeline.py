@@ -97,6 +97,11 @@ def test_the_built_in_demo_pipeline_is_the_nexmark_sql_file(monkeypatch, tmp_pat
             {"schemas": {"bids": "auction BIGINT, price"}},
             ["pipelines.0.schemas", "bids: 'auction BIGINT, price'", "'price' has no type"],
         ),
+        (
+            VIEWS,
+            {"schemas": {**SCHEMAS, "bids": SCHEMAS["bids"].replace("channel string", "channel BINARY")}},
+            ["pipelines.0", "schemas: input 'bids'", "column 'channel' has type binary", "decimal(p,s), string"],
+        ),
         (VIEWS, {"producer": None}, ["schemas: give the Spark DDL schema of ['auctions', 'bids', 'persons']"]),
         (VIEWS, {"sources": {"bids": "t.bids", "auctions": "t.auctions"}}, ["view 'sellers'", "['persons']"]),
     ],
