@@ -12,9 +12,8 @@ import pytest
 from hypothesis import example
 from hypothesis import strategies as st
 
-from circuits.sql import batch_views, compile_sql
+from circuits.sql import compile_sql
 
-from ..oracle import zset
 from . import harness
 from .harness import Restart, at_every_worker_count, insert_delete_steps, with_restart
 
@@ -93,18 +92,6 @@ def listed_steps(steps: list[dict]) -> list[dict]:
     return [{name: [listed(r) for r in rows] for name, rows in step.items()} for step in steps]
 
 
-def batch_integrals(spark):
-    def expected(t, deltas, integrated):
-        tables = {
-            name: spark.createDataFrame([listed(row) for row, w in integrated[name].items() for _ in range(w)], schema)
-            for name, schema in SCHEMAS.items()
-        }
-        views = batch_views(spark, VIEWS, tables)
-        return {name: ("integral", zset((*row, 1) for row in df.collect())) for name, df in views.items()}
-
-    return expected
-
-
 @pytest.fixture(scope="module")
 def circuit(spark):
     return compile_sql(VIEWS, SCHEMAS, spark)
@@ -120,4 +107,6 @@ def circuit(spark):
 def test_typed_views_equal_spark_batch_sql_durably(spark, circuit, tmp_path_factory, workers, steps):
     steps, restart = steps
     root = str(tmp_path_factory.mktemp("types"))
-    harness.run_and_compare_durably(spark, circuit, steps, workers, batch_integrals(spark), root, restart)
+    harness.run_and_compare_durably(
+        spark, circuit, steps, workers, harness.tie_broken_batch_integrals(spark, VIEWS, SCHEMAS, listed), root, restart
+    )
