@@ -115,6 +115,13 @@ class PipelineSpec(BaseModel):
     lease_wait_seconds: float = Field(
         600.0, ge=0, description="how long a run waits for another run of this pipeline to finish"
     )
+    max_dead_letter_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="a step run fails its views' asset checks when an input's records were all dead letters, or "
+        "more than this share of them (0: any dead letter; 1: only all)",
+    )
     bags: list[str] = Field(
         default_factory=list, description="outputs that may hold duplicate rows (skipped by the is-a-set check)"
     )
@@ -235,6 +242,17 @@ class PipelineSpec(BaseModel):
         view = next((v for v in self.sql_views if v.name == name), None)
         read = views_read(view, self.sql_views, through_materialized=False) if view else set()
         return [v.name for v in self.sql_views if v.name.lower() in read]
+
+    def view_sources(self, name: str) -> list[str]:
+        """The source handles whose records view ``name`` is computed from (for ``circuit:``,
+        every source: which inputs an output reads is the circuit's own)."""
+        view = next((v for v in self.sql_views if v.name == name), None)
+        if view is None:
+            return sorted(self.sources)
+        read = read_tables(view.query).union(
+            *(read_tables(v.query) for v in self.sql_views if v.name.lower() in views_read(view, self.sql_views))
+        )
+        return sorted(h for h in self.sources if h.lower() in read)
 
     def input_schemas(self) -> dict[str, str]:
         """Each source's DDL: ``schemas:``, else the producer module's ``SCHEMAS``."""
