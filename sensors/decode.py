@@ -1,8 +1,8 @@
 """Reads offset ranges of Kafka topics on Spark executors and decodes them into Z-sets.
 
 Sources pass raw bytes (docs/gateway.md); decoding is this separate stage. A record's value must
-be a UTF-8 JSON object holding every field of its topic's schema (null allowed) with the
-field's type, and optionally ``_weight``: a nonzero integer, 1 when absent (-1 deletes the
+be a UTF-8 JSON object holding every field of its topic's schema (null allowed) in a JSON
+form of the field's type (:mod:`sensors.values`), and optionally ``_weight``: a nonzero integer, 1 when absent (-1 deletes the
 row). Other keys are ignored. A record that breaks these rules becomes a dead letter with
 the reason, instead of failing the step.
 

@@ -23,7 +23,6 @@ timestamp           an ISO-8601 string with a UTC offset (``"2024-03-01T12:30:00
 timestamp_ntz       an ISO-8601 string without an offset, ``"2024-03-01T12:30:00"``
 array<T>            a JSON array of T
 struct<a: T, ...>   a JSON object holding every field (other keys ignored)
-map<string, T>      a JSON object whose values are T
 ==================  ==================================================================
 
 Timestamps hold microseconds (at most six digits after the second) and years 1 to 9999.
@@ -43,7 +42,7 @@ from circuits.ddl import parse_type
 
 SUPPORTED = (
     "tinyint, smallint, int, bigint, double, float, decimal(p,s), string, boolean, date, timestamp, "
-    "timestamp_ntz, array<T>, struct<name: T, ...>, map<string, T>"
+    "timestamp_ntz, array<T>, struct<name: T, ...>"
 )
 """The column types JSON input carries, as the error refusing another one lists them."""
 
@@ -66,9 +65,10 @@ def unsupported(kind: T.DataType) -> str | None:
     if isinstance(kind, T.ArrayType):
         return unsupported(kind.elementType)
     if isinstance(kind, T.MapType):
-        if not isinstance(kind.keyType, T.StringType):
-            return "a JSON object's keys are strings: declare map<string, ...>"
-        return unsupported(kind.valueType)
+        return (
+            "a Z-set's rows are compared and grouped, and Spark can do neither with a map: declare the keys "
+            "as struct<key1: T, ...>, or the entries as array<struct<key: string, value: T>>"
+        )
     if isinstance(kind, T.StructType):
         return next((u for u in (unsupported(f.dataType) for f in kind.fields) if u), None)
     supported = (*_PLAIN, T.DecimalType, T.DateType, T.TimestampType, T.TimestampNTZType)
@@ -195,15 +195,6 @@ def _array(element: Callable[[object], object]) -> Callable[[object], object]:
     return check
 
 
-def _map(entry: Callable[[object], object]) -> Callable[[object], object]:
-    def check(value: object) -> dict:
-        if not isinstance(value, dict):
-            raise Mismatch(value)
-        return {k: None if v is None else entry(v) for k, v in value.items()}
-
-    return check
-
-
 def _struct(fields: list[tuple[str, Callable[[object], object]]]) -> Callable[[object], object]:
     def check(value: object) -> dict:
         if not isinstance(value, dict):
@@ -237,8 +228,6 @@ def _checker(kind: T.DataType) -> Callable[[object], object]:
         return _decimal(kind.precision, kind.scale)
     if isinstance(kind, T.ArrayType):
         return _array(_checker(kind.elementType))
-    if isinstance(kind, T.MapType):
-        return _map(_checker(kind.valueType))
     if isinstance(kind, T.StructType):
         return _struct([(f.name, _checker(f.dataType)) for f in kind.fields])
     raise ValueError(unsupported(kind))
