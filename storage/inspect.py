@@ -111,11 +111,11 @@ def rows_of_steps(uri: str, first: int, last: int) -> int:
 def dead_letters_of_steps(uri: str, first: int, last: int, reasons: int) -> dict[str, tuple[int, list[str]]]:
     """Per topic, the dead letters of steps ``first..=last`` in the dead-letter table
     ``uri``: their count and the reasons of the first ``reasons`` of them (by step and offset)."""
-    files = [f["uri"] for f in files_of_steps(open_table(uri), first, last)]
-    if not files:
+    table = open_table(uri)
+    if table is None:
         return {}
     step = pc.field(STEP)
-    letters = ds.dataset(files, format="parquet").to_table(
+    letters = dataset(table, [(STEP, ">=", first), (STEP, "<=", last)]).to_table(
         columns=["topic", "partition", "offset", "reason", STEP], filter=(step >= first) & (step <= last)
     )
     found: dict[str, tuple[int, list[str]]] = {}

@@ -13,7 +13,7 @@ from circuits.library.nexmark_queries import NEXMARK_SQL
 from circuits.sql import batch_views
 from dagster_project.config import ConfigError, load_project, parse_project
 
-from .harness import Harness, integral, project_settings
+from .harness import Harness, integral, project_settings, sql_harness
 
 VIEWS = """\
 -- Bids with their auction's category: shared, not published.
@@ -148,16 +148,8 @@ def produced(spark, h: Harness) -> dict:
 def test_a_sql_pipeline_through_dagster_equals_spark_batch_sql_with_lineage(
     spark_resource, spark, broker, tmp_path, instance
 ):
-    (tmp_path / "views.sql").write_text(VIEWS)
-    h = Harness(
-        tmp_path,
-        broker.bootstrap,
-        instance,
-        spark=spark_resource,
-        circuit=None,
-        sql=str(tmp_path / "views.sql"),
-        sinks=[],
-        producer="circuits.library.nexmark:nexmark_records",
+    h = sql_harness(
+        tmp_path, broker.bootstrap, instance, spark_resource, VIEWS, producer="circuits.library.nexmark:nexmark_records"
     )
     graph = h.defs.resolve_asset_graph()
     key = {name: AssetKey([h.name, name]) for name in ("revenue", "busy", "sellers")}
