@@ -33,7 +33,7 @@ retraction, and a dead letter like an undecodable one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cache, partial
@@ -122,16 +122,21 @@ def _refuse_constant(name: str) -> None:
 
 def _bigint(value: object) -> bool:
     try:
-        checker("bigint")(value)
+        _BIGINT(value)
     except Mismatch:
         return False
     return True
 
 
+_BIGINT = checker("bigint")
+
+
 @cache
-def _exact(fields: Fields) -> bool:
-    """Whether records of ``fields`` are written again for Spark (see :mod:`sensors.values`)."""
-    return not all(plain(parse_type(kind)) for _, kind in fields)
+def _plan(fields: Fields) -> tuple[bool, tuple[tuple[str, str, Callable[[object], object]], ...]]:
+    """Whether records of ``fields`` are written again for Spark (see :mod:`sensors.values`),
+    and each field's name, type and check."""
+    exact = fields != KEYED and not all(plain(parse_type(kind)) for _, kind in fields)
+    return exact, () if fields == KEYED else tuple((name, kind, checker(kind)) for name, kind in fields)
 
 
 def decode(value: bytes | None, fields: Fields) -> tuple[int | None, str | None, str | None]:
@@ -139,7 +144,7 @@ def decode(value: bytes | None, fields: Fields) -> tuple[int | None, str | None,
     Spark parses it (None: the value as it came); ``(None, None, reason)`` for an invalid one."""
     if value is None:
         return None, None, "undecodable value: null (a tombstone carries no row)"
-    exact = fields != KEYED and _exact(fields)
+    exact, checks = _plan(fields)
     try:
         # NaN and Infinity are Python's extensions, not JSON.
         row = json.loads(
@@ -155,11 +160,11 @@ def decode(value: bytes | None, fields: Fields) -> tuple[int | None, str | None,
     if not isinstance(row, dict):
         return None, None, f"undecodable value: a JSON {type(row).__name__}, not an object"
     spark = {}
-    for name, expected in fields:
+    for name, expected, check in checks:
         if name not in row:
             return None, None, f"wrong schema: missing field {name!r}"
         try:
-            spark[name] = None if row[name] is None else checker(expected)(row[name])
+            spark[name] = None if row[name] is None else check(row[name])
         except Mismatch as error:
             got = error.detail or kind_of(error.value)
             return None, None, f"wrong schema: field {name!r} expected {expected}, got {got}"
