@@ -14,6 +14,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from .ddl import parse_ddl
 from .errors import SchemaMismatchError
 from .sharding import PART, VNODE
 
@@ -86,36 +87,14 @@ def empty_like(df: DataFrame) -> DataFrame:
     return df.where(F.lit(False))
 
 
-_PRIMITIVES = {
-    **{name: T.LongType() for name in ("bigint", "long")},
-    **{name: T.IntegerType() for name in ("int", "integer")},
-    "smallint": T.ShortType(),
-    "tinyint": T.ByteType(),
-    **{name: T.DoubleType() for name in ("double", "float64")},
-    **{name: T.FloatType() for name in ("float", "real")},
-    "string": T.StringType(),
-    "boolean": T.BooleanType(),
-    "binary": T.BinaryType(),
-    "date": T.DateType(),
-    "timestamp": T.TimestampType(),
-}
-
-
 def parse_schema(schema: T.StructType | str) -> T.StructType:
     """A declared input schema: a StructType or a DDL string such as ``"word string, n bigint"``.
 
-    Columns of primitive types are parsed here, with no Spark session (circuits are built
-    before one exists, and a round trip per schema would cost); other types go to Spark's
-    DDL parser."""
+    The types of :mod:`circuits.ddl` are parsed with no Spark session; a schema with
+    anything else goes to Spark's DDL parser."""
     if isinstance(schema, T.StructType):
         return schema
-    fields = []
-    for column in schema.split(","):
-        parts = column.replace(":", " ").split()
-        if len(parts) != 2 or parts[1].lower() not in _PRIMITIVES:
-            return T._parse_datatype_string(schema)
-        fields.append(T.StructField(parts[0], _PRIMITIVES[parts[1].lower()]))
-    return T.StructType(fields)
+    return parse_ddl(schema) or T._parse_datatype_string(schema)
 
 
 def with_weight_schema(schema: T.StructType) -> T.StructType:

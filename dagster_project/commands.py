@@ -90,6 +90,7 @@ def _reason(e: Exception) -> str:
 
 def _demo_summary(result: DemoResult, daemons: str, path: str) -> list[str]:
     passed, checks = result.checks
+    over = " over the records decoded (too many dead letters, below)" if result.too_many_dead_letters else ""
     failed = result.failed_step
     q4 = (
         [
@@ -101,7 +102,10 @@ def _demo_summary(result: DemoResult, daemons: str, path: str) -> list[str]:
     )
     checked = [
         *q4,
-        *(f"{view} equals Spark batch SQL: {'yes' if same else 'no'}" for view, same in (result.matches or {}).items()),
+        *(
+            f"{view} equals Spark batch SQL{over}: {'yes' if same else 'no'}"
+            for view, same in (result.matches or {}).items()
+        ),
     ]
     stopped = (
         [f"dbsp demo stopped after step {failed.step} failed; its full trace is in the log below"] if failed else []
@@ -110,7 +114,7 @@ def _demo_summary(result: DemoResult, daemons: str, path: str) -> list[str]:
         "",
         *(stopped or checked),
         f"asset checks: {passed} of {checks} passed",
-        result.dead_letters,
+        *result.dead_letters,
         *([daemons] if daemons else []),
         f"full log (Dagster's events, Spark's output): {path}",
     ]
@@ -123,7 +127,7 @@ def status(args: argparse.Namespace) -> int:
     root = resources["store"].pipeline_root(spec.name)
     print(f"pipeline {spec.name}")
     print(status_text(report(root, resources["kafka"].source(spec))))
-    print(dead_letters_note(root))
+    print("\n".join(dead_letters_note(root, spec.sources, spec.max_dead_letter_share)))
     return 0
 
 

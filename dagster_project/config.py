@@ -15,7 +15,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +39,7 @@ from gateway.config import GatewaySpec, SourceSpec
 
 if typing.TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql import types as T
 
     from circuits.circuit import Circuit
 
@@ -113,6 +114,13 @@ class PipelineSpec(BaseModel):
     sensor_running: bool = Field(True, description="whether the offset sensor starts running by default")
     lease_wait_seconds: float = Field(
         600.0, ge=0, description="how long a run waits for another run of this pipeline to finish"
+    )
+    max_dead_letter_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="a step run fails its views' asset checks when an input's records were all dead letters, or "
+        "more than this share of them (0: any dead letter; 1: only all)",
     )
     bags: list[str] = Field(
         default_factory=list, description="outputs that may hold duplicate rows (skipped by the is-a-set check)"
@@ -235,6 +243,17 @@ class PipelineSpec(BaseModel):
         read = views_read(view, self.sql_views, through_materialized=False) if view else set()
         return [v.name for v in self.sql_views if v.name.lower() in read]
 
+    def view_sources(self, name: str) -> list[str]:
+        """The source handles whose records view ``name`` is computed from (for ``circuit:``,
+        every source: which inputs an output reads is the circuit's own)."""
+        view = next((v for v in self.sql_views if v.name == name), None)
+        if view is None:
+            return sorted(self.sources)
+        read = read_tables(view.query).union(
+            *(read_tables(v.query) for v in self.sql_views if v.name.lower() in views_read(view, self.sql_views))
+        )
+        return sorted(h for h in self.sources if h.lower() in read)
+
     def input_schemas(self) -> dict[str, str]:
         """Each source's DDL: ``schemas:``, else the producer module's ``SCHEMAS``."""
         produced = (
@@ -255,6 +274,8 @@ class PipelineSpec(BaseModel):
         circuit = _built(self.build_circuit) if self.circuit else self._compiled_if_session()
         if circuit is not None:
             self.check(circuit)
+        else:
+            self._check_input_types(self.input_schemas())
         if self.sql:  # compiled in the session the run uses (or None): the run compiles it no second time
             self._circuit = circuit
         return self
@@ -315,7 +336,22 @@ class PipelineSpec(BaseModel):
             raise ValueError(
                 f"sinks: {sorted(unknown)} are not outputs of the circuit; its outputs are {sorted(circuit.outputs)}"
             )
+        self._check_input_types(circuit.inputs)
         return circuit
+
+    def _check_input_types(self, schemas: Mapping[str, T.StructType | str]) -> None:
+        """Refuses an input column of a type JSON input cannot carry (a DDL schema with text
+        that only Spark parses is checked once the circuit is compiled)."""
+        from circuits.ddl import parse_ddl
+        from sensors.decode import fields_of
+        from sensors.errors import UnsupportedSchemaError
+
+        for handle, schema in schemas.items():
+            try:
+                if not isinstance(schema, str) or parse_ddl(schema) is not None:
+                    fields_of(schema)
+            except UnsupportedSchemaError as e:
+                raise ValueError(f"{'schemas' if self.sql else 'circuit'}: input {handle!r}: {e}") from None
 
     def circuit_for(self, session: SparkSession | None) -> Circuit:
         """The circuit, built once and checked against the sources and sinks; a ``sql:``

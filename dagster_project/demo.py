@@ -82,7 +82,7 @@ class DemoResult:
     steps: list[StepReport]
     q4: Counter  # empty if the pipeline has no q4
     matches: dict[str, bool] | None  # per view; None: not checked (a step failed)
-    dead_letters: str = ""  # their count, and where to read them
+    dead_letters: list[str] = field(default_factory=list)  # their count, where to read them, inputs with too many
 
     @property
     def checks(self) -> tuple[int, int]:
@@ -94,8 +94,18 @@ class DemoResult:
         return next((s for s in self.steps if not s.succeeded), None)
 
     @property
+    def too_many_dead_letters(self) -> bool:
+        return any(line.startswith("too many dead letters") for line in self.dead_letters)
+
+    @property
     def succeeded(self) -> bool:
-        return bool(self.steps) and bool(self.matches) and all(self.matches.values()) and self.failed_step is None
+        return (
+            bool(self.steps)
+            and bool(self.matches)
+            and all(self.matches.values())
+            and self.failed_step is None
+            and not self.too_many_dead_letters
+        )
 
 
 def run_demo(
@@ -146,7 +156,7 @@ def run_demo(
             report = _run_step(step_job, instance, request, _events(root, int(request.partition_key)), progress)
             progress.line(report.line())
             reports.append(report)
-    dead_letters = dead_letters_note(root)
+    dead_letters = dead_letters_note(root, spec.sources, spec.max_dead_letter_share)
     if not all(r.succeeded for r in reports):  # the server may be gone with the step: nothing to check
         return DemoResult(reports, Counter(), None, dead_letters)
     with progress.phase("checking each view against Spark batch SQL over the input log"):
@@ -242,7 +252,9 @@ def _names(cls: type) -> set[str]:
     return {cls.__name__, *(name for sub in cls.__subclasses__() for name in _names(sub))}
 
 
-def _check_views(pipeline: Pipeline, spec: PipelineSpec, reports: list[StepReport], dead_letters: str) -> DemoResult:
+def _check_views(
+    pipeline: Pipeline, spec: PipelineSpec, reports: list[StepReport], dead_letters: list[str]
+) -> DemoResult:
     """Each sink integrated from its output log against Spark batch SQL of the same view's
     text over the integrated input log."""
     last = status(pipeline.root).committed_step - 1

@@ -45,7 +45,7 @@ from .config import PipelineSpec, ProjectSpec, home, load_object
 from .demo_producer import produce_events
 from .metadata import flush_gateway, step_metadata, view_metadata
 from .resources import KafkaResource, SparkResource, StoreResource, build_resources
-from .status import status_text
+from .status import DeadLetterRate, dead_letter_rates, status_text
 
 PIPELINE_TAG = "dbsp/pipeline"
 CHECK = "well_formed"
@@ -171,35 +171,54 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
                 asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out), **current}
             )
         sets = {name: name not in spec.bags for name in keys}
-        yield from check_results(keys, inspect.check_outputs(pipeline.outputs, sets, first, last))
+        rates = dead_letter_rates(pipeline.root, spec.sources, first, last)
+        loud = [r for r in rates if r.too_high(spec.max_dead_letter_share)]
+        dead = {name: [r for r in loud if r.handle in spec.view_sources(name)] for name in keys}
+        yield from check_results(keys, inspect.check_outputs(pipeline.outputs, sets, first, last), dead)
 
     return steps
 
 
 def _check_description(is_set: bool) -> str:
     consolidated = "the step's changes have no duplicate rows and no zero weights (`bad_rows/consolidated`)"
+    decoded = (
+        "; and no input the view reads had all its records of the run dead-lettered, or more than "
+        "`max_dead_letter_share` of them (`dead_letters/<input>`)"
+    )
     if not is_set:
-        return f"{consolidated}; the view is a bag (listed under `bags`): duplicate rows are allowed"
-    return f"{consolidated}, and the view so far has no duplicate and no negative rows (`bad_rows/is_a_set`)"
+        return f"{consolidated}; the view is a bag (listed under `bags`): duplicate rows are allowed{decoded}"
+    return f"{consolidated}, and the view so far has no duplicate and no negative rows (`bad_rows/is_a_set`){decoded}"
 
 
-def check_results(keys: dict[str, AssetKey], bad: dict[tuple[str, str], int]) -> list[AssetCheckResult]:
+def check_results(
+    keys: dict[str, AssetKey], bad: dict[tuple[str, str], int], dead: dict[str, list[DeadLetterRate]] | None = None
+) -> list[AssetCheckResult]:
     """One result of :data:`CHECK` per view, from ``bad`` (bad rows by view and property,
-    :func:`storage.inspect.check_outputs`): it passes when no property has a bad row, and
-    shows each property's count.  Every check is planned and evaluated at each run, two
-    events Dagster stores (several SQLite transactions): one per view, not one per property."""
+    :func:`storage.inspect.check_outputs`) and ``dead`` (by view, the inputs it reads whose
+    dead letters are too many): it passes when no property has a bad row and no input is
+    in ``dead``, and shows each property's count and each such input's dead letters.
+    Every check is planned and evaluated at each run, two events Dagster stores (several
+    SQLite transactions): one per view, not one per property."""
     counts: dict[str, dict[str, int]] = {}
     for (name, prop), rows in bad.items():
         counts.setdefault(name, {})[prop] = rows
-    return [
-        AssetCheckResult(
-            asset_key=keys[name],
-            check_name=CHECK,
-            passed=not any(props.values()),
-            metadata={f"bad_rows/{prop}": MetadataValue.int(rows) for prop, rows in props.items()},
+    results = []
+    for name, props in counts.items():
+        rates = (dead or {}).get(name, [])
+        metadata = {f"bad_rows/{prop}": MetadataValue.int(rows) for prop, rows in props.items()}
+        for r in rates:
+            metadata[f"dead_letters/{r.handle}"] = MetadataValue.int(r.dead)
+            metadata[f"dead_letter_reasons/{r.handle}"] = MetadataValue.text("\n".join(r.reasons))
+        results.append(
+            AssetCheckResult(
+                asset_key=keys[name],
+                check_name=CHECK,
+                passed=not any(props.values()) and not rates,
+                metadata=metadata,
+                description="; ".join(r.text() for r in rates) or None,
+            )
         )
-        for name, props in counts.items()
-    ]
+    return results
 
 
 def _sink_spec(spec: PipelineSpec, name: str, key: AssetKey, keys: dict[str, AssetKey]) -> AssetSpec:

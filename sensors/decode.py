@@ -1,8 +1,8 @@
 """Reads offset ranges of Kafka topics on Spark executors and decodes them into Z-sets.
 
 Sources pass raw bytes (docs/gateway.md); decoding is this separate stage. A record's value must
-be a UTF-8 JSON object holding every field of its topic's schema (null allowed) with the
-field's type, and optionally ``_weight``: a nonzero integer, 1 when absent (-1 deletes the
+be a UTF-8 JSON object holding every field of its topic's schema (null allowed) in a JSON
+form of the field's type (:mod:`sensors.values`), and optionally ``_weight``: a nonzero integer, 1 when absent (-1 deletes the
 row). Other keys are ignored. A record that breaks these rules becomes a dead letter with
 the reason, instead of failing the step.
 
@@ -35,7 +35,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
+from decimal import Decimal
+from functools import cache, partial
 
 import pyarrow as pa
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, Message, TopicPartition
@@ -44,6 +45,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from circuits.ddl import parse_type
 from circuits.errors import raised_on_executor
 from circuits.framing import consumer_config, gateway_range
 from circuits.klogs import RECORD_SCHEMA
@@ -53,6 +55,7 @@ from storage.logs import DEAD_LETTER_SCHEMA, Range
 
 from .errors import BrokerStalledError, BrokerUnavailableError, OffsetsLostError, SourceError, UnsupportedSchemaError
 from .kafka import error_text, unreachable
+from .values import SUPPORTED, Mismatch, checker, dumps, kind_of, plain, unsupported
 
 CHUNK = 50_000
 """Most offsets one Spark task reads, so that a large step's read runs as several tasks;
@@ -86,38 +89,20 @@ KEYED: Fields = (("*", "keyed log record"),)
 """The fields of a keyed log's topic: its values are any JSON, its rows the records."""
 
 
-def _integer(bits: int) -> Callable[[object], bool]:
-    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    # bool is an int in Python, but JSON true is no number.
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-_INTEGERS = {"bigint": 64, "int": 32, "smallint": 16, "tinyint": 8}
-_CHECKS: dict[str, Callable[[object], bool]] = {
-    **{name: _integer(bits) for name, bits in _INTEGERS.items()},
-    "double": _number,
-    "float": _number,
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-}
-
-
 def fields_of(schema: T.StructType | str) -> Fields:
-    """The fields ``validate`` checks for ``schema``; refuses types it cannot check."""
+    """The fields ``validate`` checks for ``schema``; refuses types JSON input cannot carry
+    (see :mod:`sensors.values`)."""
     if parse_schema(schema) == parse_schema(RECORD_SCHEMA):
         return KEYED
     fields = parse_schema(schema).fields
     for f in fields:
         if f.name == WEIGHT:
             raise UnsupportedSchemaError(f"column {WEIGHT!r} is reserved for the record's weight; rename the column")
-        if f.dataType.simpleString() not in _CHECKS:
+        why = unsupported(f.dataType)
+        if why:
             raise UnsupportedSchemaError(
-                f"column {f.name!r} has type {f.dataType.simpleString()}, which JSON input does not support; "
-                f"declare it as one of {', '.join(_CHECKS)}"
+                f"column {f.name!r} has type {f.dataType.simpleString()}, which JSON input does not carry ({why}); "
+                f"declare it as one of {SUPPORTED}"
             )
     return tuple((f.name, f.dataType.simpleString()) for f in fields)
 
@@ -126,48 +111,73 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _mismatch(name: str, expected: str, value: object) -> str | None:
-    """Why ``value`` cannot be field ``name`` of type ``expected``, or None when it can."""
-    if value is None or _CHECKS[expected](value):
-        return None
-    got = type(value).__name__
-    if expected in _INTEGERS and got == "int":
-        got = f"{value} (out of {expected} range)"
-    return f"wrong schema: field {name!r} expected {expected}, got {got}"
+def _bigint(value: object) -> bool:
+    try:
+        _BIGINT(value)
+    except Mismatch:
+        return False
+    return True
+
+
+_BIGINT = checker("bigint")
+
+
+@cache
+def _plan(fields: Fields) -> tuple[bool, tuple[tuple[str, str, Callable[[object], object]], ...]]:
+    """Whether records of ``fields`` are written again for Spark (see :mod:`sensors.values`),
+    and each field's name, type and check."""
+    exact = fields != KEYED and not all(plain(parse_type(kind)) for _, kind in fields)
+    return exact, () if fields == KEYED else tuple((name, kind, checker(kind)) for name, kind in fields)
+
+
+def decode(value: bytes | None, fields: Fields) -> tuple[int | None, str | None, str | None]:
+    """``(weight, text, None)`` for a valid record value, where ``text`` is the record as
+    Spark parses it (None: the value as it came); ``(None, None, reason)`` for an invalid one."""
+    if value is None:
+        return None, None, "undecodable value: null (a tombstone carries no row)"
+    exact, checks = _plan(fields)
+    try:
+        # NaN and Infinity are Python's extensions, not JSON.
+        row = json.loads(
+            value.decode("utf-8"), parse_constant=_refuse_constant, parse_float=Decimal if exact else float
+        )
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both are
+        return None, None, f"undecodable value: not UTF-8 JSON ({error})"
+    if fields == KEYED:
+        weight = row.get(WEIGHT, 1) if isinstance(row, dict) else 1
+        if weight == 1:
+            return 1, None, None
+        return None, None, f"retraction: a keyed log is append-only ({WEIGHT!r} {weight!r})"
+    if not isinstance(row, dict):
+        return None, None, f"undecodable value: a JSON {type(row).__name__}, not an object"
+    spark = {}
+    for name, expected, check in checks:
+        if name not in row:
+            return None, None, f"wrong schema: missing field {name!r}"
+        try:
+            spark[name] = None if row[name] is None else check(row[name])
+        except Mismatch as error:
+            got = error.detail or kind_of(error.value)
+            return None, None, f"wrong schema: field {name!r} expected {expected}, got {got}"
+    weight = row.get(WEIGHT, 1)
+    if not _bigint(weight) or weight == 0:
+        return None, None, f"wrong weight: {WEIGHT!r} must be a nonzero bigint, got {weight!r}"
+    return weight, dumps(spark) if exact else None, None
 
 
 def validate(value: bytes | None, fields: Fields) -> tuple[int | None, str | None]:
     """``(weight, None)`` for a valid record value, ``(None, reason)`` for an invalid one."""
-    if value is None:
-        return None, "undecodable value: null (a tombstone carries no row)"
-    try:
-        # NaN and Infinity are Python's extensions, not JSON.
-        row = json.loads(value.decode("utf-8"), parse_constant=_refuse_constant)
-    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both are
-        return None, f"undecodable value: not UTF-8 JSON ({error})"
-    if fields == KEYED:
-        weight = row.get(WEIGHT, 1) if isinstance(row, dict) else 1
-        return (1, None) if weight == 1 else (None, f"retraction: a keyed log is append-only ({WEIGHT!r} {weight!r})")
-    if not isinstance(row, dict):
-        return None, f"undecodable value: a JSON {type(row).__name__}, not an object"
-    for name, expected in fields:
-        if name not in row:
-            return None, f"wrong schema: missing field {name!r}"
-        reason = _mismatch(name, expected, row[name])
-        if reason:
-            return None, reason
-    weight = row.get(WEIGHT, 1)
-    if not _CHECKS["bigint"](weight) or weight == 0:
-        return None, f"wrong weight: {WEIGHT!r} must be a nonzero bigint, got {weight!r}"
-    return weight, None
+    weight, _, reason = decode(value, fields)
+    return weight, reason
 
 
 def _row(
     topic: str, partition: int, offset: int, key: str | None, value: bytes | None, fields: Fields, where: str = ""
 ) -> dict:
-    weight, reason = validate(value, fields)
+    weight, text, reason = decode(value, fields)
     # A dead letter keeps its value as text: bytes that are not UTF-8 show as \\xNN escapes.
-    text = None if value is None else value.decode("utf-8", errors="backslashreplace")
+    if text is None and value is not None:
+        text = value.decode("utf-8", errors="backslashreplace")
     if fields == KEYED and reason is None and validate(None if key is None else key.encode(), KEYED)[1] is not None:
         weight, reason = None, f"undecodable key: not UTF-8 JSON ({key!r})"
     return {

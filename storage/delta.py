@@ -4,7 +4,9 @@ There are no Delta JARs here, so Spark never talks to Delta: executors write Par
 files straight into each table's directory (``mapInArrow``, one fused job for every
 table a step touches), the driver collects only the files' names and statistics, and
 delta-rs commits them.  Readers get a version's file list from delta-rs and read the
-Parquet files with plain Spark.  Tables keep reader protocol 1 with no reader features.
+Parquet files with plain Spark.  Tables keep reader protocol 1 with no reader features,
+but for a table with a ``TIMESTAMP_NTZ`` column: Delta requires reader protocol 3 and
+feature ``timestampNtz`` of it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from circuits.runner import SMALL_STEP_ROWS
-from circuits.spark import map_in_arrow
+from circuits.spark import ENGINE_CONF, map_in_arrow
 from circuits.state import DEST, FILE, branches, pack, packed_columns, part_column
 from circuits.zset import add, empty_like
 
@@ -51,8 +53,10 @@ FILES_SCHEMA = T.StructType(
 
 
 def arrow_schema(schema: T.StructType) -> pa.Schema:
-    """The table schema for a Spark schema: every field nullable (files may hold nulls anywhere)."""
-    fields = to_arrow_schema(schema)
+    """The table schema for a Spark schema: every field nullable (files may hold nulls anywhere);
+    a ``TIMESTAMP`` is an instant (microseconds in UTC, the engine's session time zone), a
+    ``TIMESTAMP_NTZ`` a wall-clock time without a zone."""
+    fields = to_arrow_schema(schema, timezone=ENGINE_CONF["spark.sql.session.timeZone"])
     return pa.schema([f.with_nullable(True) for f in fields])
 
 

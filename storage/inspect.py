@@ -108,6 +108,25 @@ def rows_of_steps(uri: str, first: int, last: int) -> int:
     return sum(f["num_records"] or 0 for f in files_of_steps(open_table(uri), first, last))
 
 
+def dead_letters_of_steps(uri: str, first: int, last: int, reasons: int) -> dict[str, tuple[int, list[str]]]:
+    """Per topic, the dead letters of steps ``first..=last`` in the dead-letter table
+    ``uri``: their count and the reasons of the first ``reasons`` of them (by step and offset)."""
+    table = open_table(uri)
+    if table is None:
+        return {}
+    step = pc.field(STEP)
+    letters = dataset(table, [(STEP, ">=", first), (STEP, "<=", last)]).to_table(
+        columns=["topic", "partition", "offset", "reason", STEP], filter=(step >= first) & (step <= last)
+    )
+    found: dict[str, tuple[int, list[str]]] = {}
+    for row in letters.sort_by([(STEP, "ascending"), ("offset", "ascending")]).to_pylist():
+        count, first_reasons = found.get(row["topic"], (0, []))
+        if len(first_reasons) < reasons:
+            first_reasons = [*first_reasons, f"partition {row['partition']} offset {row['offset']}: {row['reason']}"]
+        found[row["topic"]] = (count + 1, first_reasons)
+    return found
+
+
 def size(uri: str) -> tuple[int, int]:
     """(rows, bytes) of the latest version of every Delta table under ``uri``."""
     rows = nbytes = 0

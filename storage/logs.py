@@ -256,6 +256,11 @@ def dead_letters_uri(root: str) -> str:
     return os.path.join(root, DEAD_LETTERS)
 
 
+def input_uri(root: str, handle: str) -> str:
+    """The table of input ``handle``'s Z-sets, one per step."""
+    return os.path.join(root, "inputs", handle)
+
+
 class InputLog:
     """Each step's input Z-sets, persisted per input handle under ``<root>/inputs``, so a
     replay never depends on the source's retention.  Records that could not be decoded
@@ -277,7 +282,7 @@ class InputLog:
         self._kept: dict[int, StepInput] = {}
 
     def uri(self, handle: str) -> str:
-        return os.path.join(self.root, "inputs", handle)
+        return input_uri(self.root, handle)
 
     @property
     def dead_letters_uri(self) -> str:

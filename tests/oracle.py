@@ -17,6 +17,9 @@ _DUCK_TYPES = {"int": "INTEGER", "bigint": "BIGINT", "string": "VARCHAR", "doubl
 
 
 def normalize(value):
+    """``value`` as rows are compared: a float to 9 digits, an array as a tuple."""
+    if isinstance(value, list):
+        return tuple(map(normalize, value))
     return round(value, 9) if isinstance(value, float) else value
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from circuits import InMemoryStateStore, StepRunner, from_rows
 from circuits.circuit import Circuit
-from circuits.sql import View, compile_sql, parse_views
+from circuits.sql import View, batch_views, compile_sql, parse_views
 from circuits.zset import WEIGHT
 from storage.faults import InjectedCrash
 from storage.logs import STEP, Range
@@ -219,6 +219,26 @@ def batch_integrals(spark, text: str) -> Expected:
 
     def expected(t, deltas, integrated):
         return {name: ("integral", z) for name, z in spark_batch(spark, views, integrated).items()}
+
+    return expected
+
+
+def tie_broken_batch_integrals(
+    spark, text: str, schemas: Mapping[str, str], spark_row: Callable[[tuple], tuple] = tuple
+) -> Expected:
+    """The oracle: at every step, each view's integral is Spark batch SQL of its text, with
+    the engine's tie-break (see :func:`circuits.sql.batch_views`), over the integrated
+    inputs of ``schemas``; ``spark_row`` gives an integrated row as Spark takes it."""
+
+    def expected(t, deltas, integrated):
+        tables = {
+            name: spark.createDataFrame(
+                [spark_row(row) for row, w in integrated[name].items() for _ in range(w)], schema
+            )
+            for name, schema in schemas.items()
+        }
+        views = batch_views(spark, text, tables)
+        return {name: ("integral", zset((*row, 1) for row in df.collect())) for name, df in views.items()}
 
     return expected
 

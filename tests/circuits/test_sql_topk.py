@@ -16,10 +16,9 @@ from collections import Counter
 import pytest
 from hypothesis import example
 
-from circuits.sql import SqlError, batch_views, compile_sql
+from circuits.sql import SqlError, compile_sql
 from circuits.sql.batch import tie_broken
 
-from ..oracle import zset
 from . import harness
 from .harness import SQL_SCHEMAS as SCHEMAS
 from .harness import Restart, a_rows, at_every_worker_count, b_rows, insert_delete_steps
@@ -52,21 +51,6 @@ CREATE MATERIALIZED VIEW leaders_joined AS
 """
 
 
-def batch_integrals(spark):
-    """The oracle: at every step, each view's integral is Spark batch SQL of its text with
-    the engine's tie-break (see :func:`circuits.sql.batch_views`)."""
-
-    def expected(t, deltas, integrated):
-        tables = {
-            name: spark.createDataFrame([row for row, w in integrated[name].items() for _ in range(w)], schema)
-            for name, schema in SCHEMAS.items()
-        }
-        views = batch_views(spark, VIEWS, tables)
-        return {name: ("integral", zset((*row, 1) for row in df.collect())) for name, df in views.items()}
-
-    return expected
-
-
 @pytest.fixture(scope="module")
 def circuit(spark):
     """Compiled once: every example runs it on a new state."""
@@ -89,7 +73,7 @@ TIES = [
 @at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2)
 @example(steps=TIES)
 def test_top_k_views_equal_spark_batch_sql(spark, circuit, workers, steps):
-    harness.run_and_compare(spark, circuit, steps, workers, batch_integrals(spark))
+    harness.run_and_compare(spark, circuit, steps, workers, harness.tie_broken_batch_integrals(spark, VIEWS, SCHEMAS))
 
 
 @pytest.mark.slow
@@ -104,7 +88,9 @@ def test_top_k_views_equal_spark_batch_sql_durably_across_a_restart(spark, circu
     dying at a random step and recovering from the last checkpoint."""
     steps, restart = steps
     root = str(tmp_path_factory.mktemp("topk"))
-    harness.run_and_compare_durably(spark, circuit, steps, workers, batch_integrals(spark), root, restart)
+    harness.run_and_compare_durably(
+        spark, circuit, steps, workers, harness.tie_broken_batch_integrals(spark, VIEWS, SCHEMAS), root, restart
+    )
 
 
 def test_the_oracle_breaks_ties_as_the_engine_does(spark):

@@ -131,6 +131,14 @@ class Harness:
         return Counter({(c, revenue[c], count[c]): 1 for c in count if count[c] != 0})
 
 
+def sql_harness(tmp_path, bootstrap: str, instance: DagsterInstance, spark: dict, views: str, **settings) -> Harness:
+    """A :class:`Harness` of a pipeline defined by the SQL ``views`` (written to
+    ``tmp_path/views.sql``); ``settings``: the pipeline's others."""
+    (tmp_path / "views.sql").write_text(views)
+    sql = {"circuit": None, "sql": str(tmp_path / "views.sql"), "sinks": []}
+    return Harness(tmp_path, bootstrap, instance, spark=spark, **sql, **settings)
+
+
 def integral(df) -> Counter:
     """The Z-set a change log (with ``_weight``, ``_step``) adds up to."""
     total = Counter()

@@ -22,6 +22,17 @@ def test_default_code_location_serves_the_demo_pipeline(spark):
         assert defs.resolve_job_def(f"nexmark_{job}")
 
 
+def binary_input():
+    """A circuit over the demo's inputs whose ``bids`` has a column JSON cannot carry (BINARY)."""
+    from circuits.circuit import Circuit
+
+    circuit = Circuit("binary")
+    circuit.input("persons", "id bigint")
+    circuit.input("auctions", "id bigint")
+    circuit.input("bids", "auction bigint, raw binary").output("bids_by_category")
+    return circuit
+
+
 @pytest.mark.parametrize(
     "change, named",
     [
@@ -35,6 +46,11 @@ def test_default_code_location_serves_the_demo_pipeline(spark):
             ["pipelines.0.sinks.0.current", "valid boolean", "views/<sink>"],
         ),
         ({"name": "Bad-Name"}, ["pipelines.0.name", "identifier"]),
+        ({"max_dead_letter_share": 1.5}, ["pipelines.0.max_dead_letter_share", "less than or equal to 1"]),
+        (
+            {"circuit": "tests.dagster_project.test_config:binary_input"},
+            ["circuit: input 'bids'", "column 'raw' has type binary", "declare it as one of tinyint"],
+        ),
         ({"workerz": 3}, ["pipelines.0.workerz", "xtra", "did you mean 'workers'?"]),
         (
             {"sinks": [{"name": "bids_by_category", "curent": False}]},

@@ -56,7 +56,7 @@ def test_a_failed_demo_stops_without_checking_q4_and_says_where_the_trace_is():
         StepReport(0, (0, 10), True, 1.0, checks=2, checks_passed=2),
         StepReport(1, (10, 20), False, 1.0, error="x"),
     ]
-    lines = _demo_summary(DemoResult(steps, Counter(), None, "dead letters (...): 0"), "", "/logs/demo.log")
+    lines = _demo_summary(DemoResult(steps, Counter(), None, ["dead letters (...): 0"]), "", "/logs/demo.log")
     assert "dbsp demo stopped after step 1 failed; its full trace is in the log below" in lines
     assert not any("q4" in line for line in lines), lines
     assert "dead letters (...): 0" in lines and lines[-1].endswith("/logs/demo.log")
@@ -64,7 +64,18 @@ def test_a_failed_demo_stops_without_checking_q4_and_says_where_the_trace_is():
 
 def test_a_view_unequal_to_spark_batch_sql_says_no_and_fails_the_demo():
     steps = [StepReport(0, (0, 10), True, 1.0, checks=2, checks_passed=2)]
-    result = DemoResult(steps, Counter(), {"revenue": True, "busy": False}, "dead letters (...): 0")
+    result = DemoResult(steps, Counter(), {"revenue": True, "busy": False}, ["dead letters (...): 0"])
     lines = _demo_summary(result, "", "/logs/demo.log")
     assert "revenue equals Spark batch SQL: yes" in lines and "busy equals Spark batch SQL: no" in lines
+    assert not result.succeeded
+
+
+def test_an_input_of_dead_letters_alone_fails_the_demo_and_its_views_do_not_say_all_is_well():
+    steps = [StepReport(0, (0, 10), True, 1.0, checks=2, checks_passed=0)]
+    loud = "too many dead letters: input 'bids' (topic 't.bids'): 10 of 10 records were dead letters (100%), ..."
+    result = DemoResult(steps, Counter(), {"revenue": True}, ["dead letters (...): 10", loud])
+    lines = _demo_summary(result, "", "/logs/demo.log")
+    assert "revenue equals Spark batch SQL: yes" not in lines
+    assert "revenue equals Spark batch SQL over the records decoded (too many dead letters, below): yes" in lines
+    assert loud in lines and "asset checks: 0 of 2 passed" in lines
     assert not result.succeeded

@@ -13,7 +13,7 @@ from circuits.library.nexmark_queries import NEXMARK_SQL
 from circuits.sql import batch_views
 from dagster_project.config import ConfigError, load_project, parse_project
 
-from .harness import Harness, integral, project_settings
+from .harness import Harness, integral, project_settings, sql_harness
 
 VIEWS = """\
 -- Bids with their auction's category: shared, not published.
@@ -97,6 +97,11 @@ def test_the_built_in_demo_pipeline_is_the_nexmark_sql_file(monkeypatch, tmp_pat
             {"schemas": {"bids": "auction BIGINT, price"}},
             ["pipelines.0.schemas", "bids: 'auction BIGINT, price'", "'price' has no type"],
         ),
+        (
+            VIEWS,
+            {"schemas": {**SCHEMAS, "bids": SCHEMAS["bids"].replace("channel string", "channel BINARY")}},
+            ["pipelines.0", "schemas: input 'bids'", "column 'channel' has type binary", "decimal(p,s), string"],
+        ),
         (VIEWS, {"producer": None}, ["schemas: give the Spark DDL schema of ['auctions', 'bids', 'persons']"]),
         (VIEWS, {"sources": {"bids": "t.bids", "auctions": "t.auctions"}}, ["view 'sellers'", "['persons']"]),
     ],
@@ -143,16 +148,8 @@ def produced(spark, h: Harness) -> dict:
 def test_a_sql_pipeline_through_dagster_equals_spark_batch_sql_with_lineage(
     spark_resource, spark, broker, tmp_path, instance
 ):
-    (tmp_path / "views.sql").write_text(VIEWS)
-    h = Harness(
-        tmp_path,
-        broker.bootstrap,
-        instance,
-        spark=spark_resource,
-        circuit=None,
-        sql=str(tmp_path / "views.sql"),
-        sinks=[],
-        producer="circuits.library.nexmark:nexmark_records",
+    h = sql_harness(
+        tmp_path, broker.bootstrap, instance, spark_resource, VIEWS, producer="circuits.library.nexmark:nexmark_records"
     )
     graph = h.defs.resolve_asset_graph()
     key = {name: AssetKey([h.name, name]) for name in ("revenue", "busy", "sellers")}

@@ -90,3 +90,24 @@ def test_a_small_output_log_is_checked_without_spark_and_a_large_one_by_one_job(
         with round_trips(spark) as calls:
             assert inspect.check_outputs(outputs, {"o": True, "p": False}, 2, 2) == expected
         assert calls["ExecutePlan"] == jobs
+
+
+def test_dead_letters_of_steps_count_each_topics_and_give_the_first_reasons(tmp_path):
+    uri = str(tmp_path / "_dead_letters")
+    assert inspect.dead_letters_of_steps(uri, 0, 9, 2) == {}  # no table yet
+    letters = pa.table(
+        {
+            "topic": ["a", "a", "a", "b"],
+            "partition": [0, 0, 1, 1],
+            "offset": [5, 3, 9, 1],
+            "reason": ["r5", "r3", "r9", "rb"],
+            "value": ["x", "y", "w", "z"],
+            "_step": [1, 1, 1, 2],
+        }
+    )
+    write_deltalake(uri, letters.slice(0, 2))
+    write_deltalake(uri, letters.slice(2), mode="append")
+    assert inspect.dead_letters_of_steps(uri, 1, 1, 2) == {
+        "a": (3, ["partition 0 offset 3: r3", "partition 0 offset 5: r5"])
+    }
+    assert inspect.dead_letters_of_steps(uri, 2, 5, 2) == {"b": (1, ["partition 1 offset 1: rb"])}
