@@ -20,6 +20,7 @@ value) depends on more than one record: no culprit is found, and the step fails 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -66,15 +67,23 @@ def data_error(error: BaseException) -> PySparkException | None:
     seen, e = set(), error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, PySparkException) and (e.getSqlState() or "").startswith("22"):
+        # Raised where Spark waits on another thread (a broadcast), the exception comes as
+        # an unknown one, its SQLSTATE only in its text.
+        if isinstance(e, PySparkException) and _DATA_EXCEPTION.search(f"SQLSTATE: {e.getSqlState()} {e}"):
             return e
         e = e.__cause__ or e.__context__
     return None
 
 
+_DATA_EXCEPTION = re.compile(r"SQLSTATE: 22\w{3}")
+_MESSAGE = re.compile(r"\[[A-Z_.]+\].*?SQLSTATE: \w{5}", re.DOTALL)
+
+
 def message_of(error: PySparkException) -> str:
-    """Spark's message without its query context (which names the engine's columns)."""
-    return str(error).split("\n== ")[0].split("\n\nJVM stacktrace")[0].strip()
+    """Spark's message: its error class, text and SQLSTATE, without the query context
+    (which names the engine's columns) or the stack."""
+    found = _MESSAGE.search(str(error))
+    return found.group(0) if found else str(error).split("\n")[0]
 
 
 def source_of(circuit: Circuit, error: PySparkException) -> Source | None:

@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from circuits.records import Culprit
+from circuits.records import TIMESTAMPS, Culprit
 from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT, with_weight_schema
 
@@ -218,6 +218,9 @@ columns: such a record's ``reason`` names them all the same."""
 DEAD_LETTER_TABLE_SCHEMA = T.StructType([*DEAD_LETTER_SCHEMA.fields, *RECORD_ERROR_FIELDS])
 RECORD_ERROR = "record_error"
 """The app transaction of a step's records that made an expression fail."""
+LEFT_OUT = "left_out"
+"""The app transaction of every commit of records left out of a step (by an expression's
+failure or by hand): a table without it holds none."""
 
 
 TAKEN_SCHEMA = T.StructType(
@@ -395,13 +398,26 @@ class InputLog:
         schema = T.StructType([*DEAD_LETTER_TABLE_SCHEMA.fields, T.StructField(STEP, T.LongType())])
         return read_files(self.spark, self.dead_letters_uri, schema, [] if table is None else table.file_uris())
 
+    def admitted(self, handle: str, first: int, last: int) -> DataFrame:
+        """Input ``handle``'s rows of steps ``first..=last`` (with their ``_step``), without
+        the records left out of those steps (:meth:`record_errors`): what the views were
+        computed from."""
+        logged = read_steps(self.spark, self.uri(handle), first, last)
+        schema = _step_schema(self.schemas[handle])
+        left_out = self.dead_letters().where((F.col("input") == handle) & F.col(STEP).between(first, last))
+        parsed = F.from_json("value", with_weight_schema(self.schemas[handle]), TIMESTAMPS).alias("r")
+        return logged.exceptAll(left_out.select(parsed, STEP).select("r.*", STEP).select(*schema.names))
+
     def record_errors(self, step: int) -> list[tuple[str, str]]:
         """The records of ``step`` to leave out of it: those that made a view's expression
         fail (:meth:`add_record_errors`) and those quarantined (:meth:`quarantine`), as
         (input handle, the row as JSON) pairs."""
         with latest(self.dead_letters_uri) as table:
-            if table is None or "input" not in pa.schema(table.schema().to_arrow()).names:
+            # Most pipelines never leave a record out: the table's log says so, no file read.
+            if table is None or table.transaction_version(LEFT_OUT) is None:
                 return []
+            if "input" not in pa.schema(table.schema().to_arrow()).names:
+                return []  # a table from before the record fields: a replay finds its records again
             rows = dataset(table, [(STEP, "=", step)]).to_table(
                 filter=(pc.field(STEP) == step) & pc.field("input").is_valid(), columns=["input", "value"]
             )
@@ -422,14 +438,15 @@ class InputLog:
             }
             for c in culprits
         ]
-        self._append_dead_letters(rows, [Transaction(RECORD_ERROR, step)], named=False)
+        self._append_dead_letters(rows, [Transaction(RECORD_ERROR, step), Transaction(LEFT_OUT, step)], named=False)
 
     def quarantine(self, step: int, handle: str, value: str) -> None:
         """Dead-letters the record ``value`` (its columns and ``_weight`` as JSON, as
         :func:`circuits.records.record_json` writes it) of input ``handle`` in ``step``, which
         is not committed yet: run or replayed, the step leaves it out."""
         reason = "quarantined by hand: the step left it out"
-        self._append_dead_letters([{"reason": reason, "value": value, "input": handle, STEP: step}], [], named=True)
+        row = {"reason": reason, "value": value, "input": handle, STEP: step}
+        self._append_dead_letters([row], [Transaction(LEFT_OUT, step)], named=True)
 
     def _append_dead_letters(self, rows: list[dict], transactions: list[Transaction], named: bool) -> None:
         """Appends ``rows`` (:data:`DEAD_LETTER_TABLE_SCHEMA` and ``_step``) to the dead

@@ -9,12 +9,16 @@ import json
 import re
 from collections import Counter
 
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
+from pyspark.sql import types as T
 
 from circuits.errors import RecordError
 from circuits.sql import compile_sql, parse_views
+from storage.delta import arrow_schema
 from storage.faults import InjectedCrash
-from storage.logs import Range
+from storage.logs import DEAD_LETTER_SCHEMA, Range, dead_letters_uri
 from storage.pipeline import Pipeline
 
 from ..circuits.harness import failing_at, inputs_of, logged_rows
@@ -47,6 +51,8 @@ DEAD = {
     2: {("orders", 5): "daily", ("customers", 11): "coded"},
 }
 """Per step, the records dead-lettered ((input, id) -> the view whose expression fails)."""
+OLD_DEAD_LETTERS = T.StructType([*DEAD_LETTER_SCHEMA.fields, T.StructField("_step", T.LongType())])
+"""The dead-letter table's columns before records that fail an expression were dead-lettered."""
 EXPRESSIONS = {"daily": ("to_date(ts)", 4), "per_unit": ("100 / qty", 7), "coded": ("CAST(name AS INT)", 11)}
 
 
@@ -124,3 +130,34 @@ def test_an_error_no_single_record_causes_fails_the_step_naming_the_view_until_t
     assert logged_rows(pipeline, "spread", 0) == []
     (letter,) = dead_lettered(pipeline, 0)
     assert (letter["input"], json.loads(letter["value"])) == ("customers", {"id": 0, "name": "zero", "_weight": 1})
+
+
+def test_a_sum_over_strings_dead_letters_a_value_that_is_no_number(spark, tmp_path):
+    """``sum`` of a STRING column casts each value to a double, as Spark does: a value that
+    is no number is its record's error, and the sum is Spark's over the others."""
+    views = "CREATE MATERIALIZED VIEW totals AS\nSELECT count(*) AS n, sum(name) AS total FROM customers;\n"
+    pipeline = Pipeline(spark, str(tmp_path), compile_sql(views, SCHEMAS, spark, file="totals.sql"))
+    step = {"customers": [(1, "2.5", 1), (2, "x", 1), (3, "4", 1)]}
+    pipeline.submit(0, inputs_of(spark, pipeline.circuit, step), [Range("steps", 0, 0, 1)])
+    pipeline.run(through=0)
+    dead = dead_lettered(pipeline, 0)
+    assert [(d["expression"], d["line"], json.loads(d["value"])["id"]) for d in dead] == [("sum(name)", 2, 2)], dead
+    integrated = admitted(step, dead, SCHEMAS)
+    assert zset(logged_rows(pipeline, "totals", 0)) == batch(spark, views, SCHEMAS, integrated)["totals"]
+
+
+def test_a_dead_letter_table_from_before_the_record_fields_still_takes_them(spark, tmp_path):
+    """A pipeline whose ``_dead_letters`` has only the decoding columns opens, and a record
+    that makes an expression fail is dead-lettered there with a reason naming it all."""
+    write_deltalake(
+        dead_letters_uri(str(tmp_path)), pa.Table.from_pylist([], schema=arrow_schema(OLD_DEAD_LETTERS)), mode="append"
+    )
+    views = "CREATE MATERIALIZED VIEW codes AS\nSELECT id, CAST(name AS INT) AS code FROM customers;\n"
+    pipeline = Pipeline(spark, str(tmp_path), compile_sql(views, SCHEMAS, spark, file="codes.sql"))
+    step = {"customers": [(1, "7", 1), (2, "x", 1)]}
+    pipeline.submit(0, inputs_of(spark, pipeline.circuit, step), [Range("steps", 0, 0, 1)])
+    pipeline.run(through=0)
+    (letter,) = dead_lettered(pipeline, 0)
+    assert letter["reason"].startswith("view 'codes' (codes.sql:2), CAST(name AS INT): [CAST_INVALID_INPUT]"), letter
+    assert letter["input"] is None  # the old table has no such column
+    assert zset(logged_rows(pipeline, "codes", 0)) == Counter({(1, 7): 1})
