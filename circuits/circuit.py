@@ -47,6 +47,17 @@ def _check_name(kind: str, name: str) -> None:
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where an expression of a SQL view is written: the view, its file and line, and the
+    expression as written there."""
+
+    view: str
+    file: str
+    line: int
+    expression: str
+
+
+@dataclass(frozen=True)
 class Node:
     id: int
     operator: ops.Operator
@@ -73,6 +84,10 @@ class Circuit:
         self.declaring: str | None = None
         """Where nodes added now are declared, when not in Python (a SQL view's file and
         line); else the caller's file and line."""
+        self.sources: dict[str, Source] = {}
+        """The SQL views' expressions by their Spark SQL as the operators evaluate it (over
+        the circuit's own column names): Spark names the one that failed by that text.  Not
+        part of the fingerprint."""
 
     def input(self, name: str, schema: T.StructType | str) -> Stream:
         """An input handle whose deltas have ``schema`` (a StructType or DDL string) plus a weight."""
@@ -115,7 +130,9 @@ class Circuit:
         }
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
-    def plan(self, step: StepContext, analyze: bool = False) -> dict[str, DataFrame]:
+    def plan(
+        self, step: StepContext, analyze: bool = False, nodes: dict[int, DataFrame] | None = None
+    ) -> dict[str, DataFrame]:
         """Plans one step (no Spark job runs): the output deltas, consolidated.
 
         Operators stage their state deltas in ``step.staged``.  With ``analyze``, Spark
@@ -127,7 +144,8 @@ class Circuit:
 
         The nodes are planned layer by layer: a lookup into a large trace needs its keys
         collected first (see :meth:`NodeContext.lookup`), and the lookups of the nodes
-        whose inputs are planned collect theirs together, with one Spark job."""
+        whose inputs are planned collect theirs together, with one Spark job.  ``nodes``,
+        when given, receives every node's delta by node id."""
         flags = self._flags(step)
         consumers = Counter(i for node in self.nodes for i in node.inputs)
         deltas: dict[int, DataFrame] = {}
@@ -141,6 +159,8 @@ class Circuit:
             if len(deltas) == len(self.nodes):
                 break
             step.collect_keys()
+        if nodes is not None:
+            nodes.update(deltas)
         return {
             name: deltas[node] if self._consolidated(node) else consolidate(deltas[node])
             for name, node in self.outputs.items()

@@ -29,6 +29,10 @@ class ExpressionError(DbspError):
     """An operator's expression cannot be evaluated (for example a missing column)."""
 
 
+class RecordError(DbspError):
+    """A value made a view's expression fail, and no single input record causes it."""
+
+
 class CircuitChangedError(DbspError):
     """A circuit whose fingerprint differs from the one that wrote the state."""
 

@@ -149,10 +149,7 @@ class StepRunner:
             raise SchemaMismatchError(
                 f"circuit {self.circuit.name!r} has no input(s) {unknown}; its inputs are {sorted(self.circuit.inputs)}"
             )
-        full = {
-            name: inputs[name] if name in inputs else empty(self.spark, schema)
-            for name, schema in self.circuit.inputs.items()
-        }
+        full = self._full(inputs)
         empty_inputs = frozenset(self.circuit.inputs) - set(inputs)
         if self._empty_outputs is not None and len(empty_inputs) == len(full):
             stored = self.store.materialize(
@@ -181,12 +178,13 @@ class StepRunner:
             large=rows is not None and rows > LARGE_STEP_ROWS,
             schemas=self.schemas,
         )
-        outputs = self.circuit.plan(ctx)
-        parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
-        # A state file holds one worker's vnodes, however many workers the step ran on.
-        owner = worker_of(self.layout, F.col(VNODE))
-        parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
         try:
+            # Planning runs jobs too (a lookup collects its keys): a failed one frees the step's frames.
+            outputs = self.circuit.plan(ctx)
+            parts = {f"{OUTPUT}{name}": df for name, df in outputs.items()}
+            # A state file holds one worker's vnodes, however many workers the step ran on.
+            owner = worker_of(self.layout, F.col(VNODE))
+            parts.update({f"{STATE}{table}": df.withColumn(FILE, owner) for table, df in ctx.staged.items()})
             stored = self.store.materialize(parts, rows)
         except Exception as e:
             ours = raised_on_executor(e, *self._executor_errors)
@@ -200,6 +198,29 @@ class StepRunner:
         self.append_only = append_only
         self.store.set_meta(APPEND_ONLY_KEY, json.dumps(sorted(append_only)))
         return StepResult({name: stored[f"{OUTPUT}{name}"] for name in outputs}, state)
+
+    def planned(self, inputs: Mapping[str, DataFrame]) -> tuple[StepContext, dict[int, DataFrame]]:
+        """A step on ``inputs`` (conformed) planned but not run, with every node's delta by
+        node id, to run node by node (see :func:`circuits.records.failing_source`); release
+        the context when done.  Nothing is staged or stored."""
+        empty_inputs = frozenset(self.circuit.inputs) - set(inputs)
+        ctx = StepContext(
+            self.spark, self.store, self.layout, self._full(inputs), frozenset(), empty_inputs, conformed=True
+        )
+        nodes: dict[int, DataFrame] = {}
+        try:
+            self.circuit.plan(ctx, nodes=nodes)
+        except BaseException:
+            ctx.release()
+            raise
+        return ctx, nodes
+
+    def _full(self, inputs: Mapping[str, DataFrame]) -> dict[str, DataFrame]:
+        """Every input's delta: ``inputs``', an empty one for an absent input."""
+        return {
+            name: inputs[name] if name in inputs else empty(self.spark, schema)
+            for name, schema in self.circuit.inputs.items()
+        }
 
     def _configure(self, settings: dict[str, str]) -> None:
         """Sets those of ``settings`` that this runner has not set yet (a round trip)."""

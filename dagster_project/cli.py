@@ -123,7 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--limit", type=int, default=20, help="rows to print (default 20)")
     w.set_defaults(run="show")
 
-    for name in ("demo", "status", "recover", "rescale", "show"):
+    q = commands.add_parser(
+        "quarantine", help="leave an input record out of a step not committed yet (then: dbsp recover)"
+    )
+    q.add_argument("--step", type=int, required=True, help="the step whose input holds the record")
+    q.add_argument("--input", required=True, help="the record's input (a key of the pipeline's sources)")
+    q.add_argument("record", help='the record as JSON, its columns and _weight: {"id": 7, "ts": "x", "_weight": 1}')
+    q.set_defaults(run="quarantine")
+
+    for name in ("demo", "status", "recover", "rescale", "show", "quarantine"):
         commands.choices[name].add_argument("--pipeline", help="pipeline name (default: the first configured)")
     commands.choices["recover"].add_argument(
         "--break-lease", action="store_true", help="take the lease from a run that died"

@@ -4,6 +4,7 @@ daemons (Dagster, Spark and Delta loaded here, not by the command line's parser)
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 import traceback
@@ -140,6 +141,23 @@ def recover(args: argparse.Namespace) -> int:
     if args.break_lease:
         print(f"broke the lease: {recovery.broken}")
     print(f"ran steps {list(recovery.ran)}; next step {recovery.next_step}")
+    return 0
+
+
+def quarantine(args: argparse.Namespace) -> int:
+    """Leaves an input record out of a step not committed yet (see
+    :meth:`storage.pipeline.Pipeline.quarantine`); ``dbsp recover`` then runs the step."""
+    try:
+        record = json.loads(args.record)
+    except ValueError as e:
+        raise DbspError(f"the record is not JSON ({e}); give it as a dead letter's value shows it") from e
+    if not isinstance(record, dict):
+        raise DbspError(f"the record is a JSON {type(record).__name__}; give an object of its columns and _weight")
+    project, spec = _pipeline(args)
+    resources = build_resources(project)
+    pipeline = open_pipeline(spec, resources["spark"], resources["store"])
+    pipeline.quarantine(args.step, args.input, record)
+    print(f"step {args.step} leaves out the {args.input} record {args.record}; run `dbsp recover` to run it")
     return 0
 
 

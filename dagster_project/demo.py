@@ -24,7 +24,7 @@ from circuits.errors import DbspError
 from circuits.library.nexmark_queries import NEXMARK_SQL
 from circuits.sql import batch_views
 from circuits.zset import WEIGHT
-from storage.logs import STEP, DivisionLog, read_steps
+from storage.logs import STEP, DivisionLog
 from storage.pipeline import Pipeline, status
 
 from .config import PipelineSpec, ProjectSpec, load_object
@@ -259,7 +259,7 @@ def _check_views(
     text over the integrated input log."""
     last = status(pipeline.root).committed_step - 1
     spark = pipeline.spark
-    inputs = {h: integral(read_steps(spark, pipeline.inputs.uri(h), 0, last)) for h in pipeline.circuit.inputs}
+    inputs = {h: integral(pipeline.inputs.admitted(h, 0, last)) for h in pipeline.circuit.inputs}
     sql = spec.sql or str(NEXMARK_SQL)
     recomputed = batch_views(spark, open(sql).read(), inputs, sql)
     maintained = {

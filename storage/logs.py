@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -15,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from circuits.records import TIMESTAMPS, Culprit
 from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT, with_weight_schema
 
@@ -200,6 +202,25 @@ DEAD_LETTER_SCHEMA = T.StructType(
         T.StructField("value", T.StringType()),
     ]
 )
+"""A record that could not be decoded: where it was read, why, and its value as text."""
+RECORD_ERROR_FIELDS = [
+    T.StructField("input", T.StringType()),
+    T.StructField("view", T.StringType()),
+    T.StructField("file", T.StringType()),
+    T.StructField("line", T.LongType()),
+    T.StructField("expression", T.StringType()),
+]
+"""What a dead letter adds when a decoded record made a view's expression fail (see
+:mod:`circuits.records`): its input handle (its ``value`` is then the row as JSON, with its
+``_weight``), and the view, file, line and expression as written; null for a record that
+could not be decoded.  A dead-letter table created before these fields existed keeps its
+columns: such a record's ``reason`` names them all the same."""
+DEAD_LETTER_TABLE_SCHEMA = T.StructType([*DEAD_LETTER_SCHEMA.fields, *RECORD_ERROR_FIELDS])
+RECORD_ERROR = "record_error"
+"""The app transaction of a step's records that made an expression fail."""
+LEFT_OUT = "left_out"
+"""The app transaction of every commit of records left out of a step (by an expression's
+failure or by hand): a table without it holds none."""
 
 
 TAKEN_SCHEMA = T.StructType(
@@ -249,6 +270,13 @@ def _conformed(df: DataFrame, schema: T.StructType) -> DataFrame:
     """``df`` with exactly the columns and types the input log writes for ``schema``, as
     the step expects of its deltas (planned on the client: no round trip)."""
     return df.select(*(F.col(f.name).cast(f.dataType) for f in with_weight_schema(schema).fields))
+
+
+def record_reason(culprit: Culprit) -> str:
+    """A dead letter's reason for a record that made a view's expression fail."""
+    source = culprit.source
+    where = "" if source is None else f"view {source.view!r} ({source.file}:{source.line}), {source.expression}: "
+    return f"{where}{culprit.message}"
 
 
 def dead_letters_uri(root: str) -> str:
@@ -335,12 +363,15 @@ class InputLog:
             else:
                 parts[handle] = (self.uri(handle), df)
         before = {
-            DEAD_LETTERS: (self.dead_letters_uri, "dead_letter", dead_letters, DEAD_LETTER_SCHEMA),
-            TAKEN: (self.taken_uri, "taken", taken, TAKEN_SCHEMA),
+            DEAD_LETTERS: (self.dead_letters_uri, "dead_letter", dead_letters, DEAD_LETTER_SCHEMA, RECORD_ERROR_FIELDS),
+            TAKEN: (self.taken_uri, "taken", taken, TAKEN_SCHEMA, []),
         }
-        for name, (uri, app_id, df, schema) in before.items():
+        for name, (uri, app_id, df, schema, nulls) in before.items():
             if df is not None and not _recorded(uri, app_id, step):
-                parts[name] = (uri, df.select(*schema.names))
+                parts[name] = (
+                    uri,
+                    df.select(*schema.names, *[F.lit(None).cast(f.dataType).alias(f.name) for f in nulls]),
+                )
         if parts:
             step_column = F.lit(step).cast("bigint")
             stepped = {n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()}
@@ -367,10 +398,78 @@ class InputLog:
         self._kept.pop(step, None)
 
     def dead_letters(self) -> DataFrame:
-        """Every dead letter so far, with its ``_step``."""
+        """Every dead letter so far, with its ``_step`` (:data:`DEAD_LETTER_TABLE_SCHEMA`)."""
         table = open_table(self.dead_letters_uri)
-        schema = T.StructType([*DEAD_LETTER_SCHEMA.fields, T.StructField(STEP, T.LongType())])
+        schema = T.StructType([*DEAD_LETTER_TABLE_SCHEMA.fields, T.StructField(STEP, T.LongType())])
         return read_files(self.spark, self.dead_letters_uri, schema, [] if table is None else table.file_uris())
+
+    def admitted(self, handle: str, first: int, last: int) -> DataFrame:
+        """Input ``handle``'s rows of steps ``first..=last`` (with their ``_step``), without
+        the records left out of those steps (:meth:`record_errors`): what the views were
+        computed from."""
+        logged = read_steps(self.spark, self.uri(handle), first, last)
+        schema = _step_schema(self.schemas[handle])
+        left_out = self.dead_letters().where((F.col("input") == handle) & F.col(STEP).between(first, last))
+        parsed = F.from_json("value", with_weight_schema(self.schemas[handle]), TIMESTAMPS).alias("r")
+        return logged.exceptAll(left_out.select(parsed, STEP).select("r.*", STEP).select(*schema.names))
+
+    def record_errors(self, step: int) -> list[tuple[str, str]]:
+        """The records of ``step`` to leave out of it: those that made a view's expression
+        fail (:meth:`add_record_errors`) and those quarantined (:meth:`quarantine`), as
+        (input handle, the row as JSON) pairs."""
+        with latest(self.dead_letters_uri) as table:
+            # Most pipelines never leave a record out: the table's log says so, no file read.
+            if table is None or table.transaction_version(LEFT_OUT) is None:
+                return []
+            if "input" not in pa.schema(table.schema().to_arrow()).names:
+                return []  # a table from before the record fields: a replay finds its records again
+            rows = dataset(table, [(STEP, "=", step)]).to_table(
+                filter=(pc.field(STEP) == step) & pc.field("input").is_valid(), columns=["input", "value"]
+            )
+        return list(zip(rows.column("input").to_pylist(), rows.column("value").to_pylist(), strict=True))
+
+    def add_record_errors(self, step: int, culprits: list[Culprit]) -> None:
+        """Dead-letters ``culprits``, the records of ``step`` that made a view's expression
+        fail (once: a step's are committed together, before its outputs)."""
+        if _recorded(self.dead_letters_uri, RECORD_ERROR, step):
+            return
+        rows = [
+            {
+                "reason": record_reason(c),
+                "value": c.value,
+                "input": c.handle,
+                **({} if c.source is None else dataclasses.asdict(c.source)),
+                STEP: step,
+            }
+            for c in culprits
+        ]
+        self._append_dead_letters(rows, [Transaction(RECORD_ERROR, step), Transaction(LEFT_OUT, step)], named=False)
+
+    def quarantine(self, step: int, handle: str, value: str) -> None:
+        """Dead-letters the record ``value`` (its columns and ``_weight`` as JSON, as
+        :func:`circuits.records.record_json` writes it) of input ``handle`` in ``step``, which
+        is not committed yet: run or replayed, the step leaves it out."""
+        reason = "quarantined by hand: the step left it out"
+        row = {"reason": reason, "value": value, "input": handle, STEP: step}
+        self._append_dead_letters([row], [Transaction(LEFT_OUT, step)], named=True)
+
+    def _append_dead_letters(self, rows: list[dict], transactions: list[Transaction], named: bool) -> None:
+        """Appends ``rows`` (:data:`DEAD_LETTER_TABLE_SCHEMA` and ``_step``) to the dead
+        letters.  A table from before the record fields keeps its columns (a replay finds
+        such records again), unless the rows must be ``named``: found by their input."""
+        schema = arrow_schema(T.StructType([*DEAD_LETTER_TABLE_SCHEMA.fields, T.StructField(STEP, T.LongType())]))
+        with latest(self.dead_letters_uri, schema) as table:
+            if named and "input" not in pa.schema(table.schema().to_arrow()).names:
+                raise StepOrderError(
+                    f"{self.dead_letters_uri} was created before dead letters named their input; a record cannot be "
+                    "left out of a step there: rename the table aside (its records stay readable) and run again"
+                )
+            write_deltalake(
+                table,
+                pa.Table.from_pylist(rows, schema=schema).select(pa.schema(table.schema().to_arrow()).names),
+                mode="append",
+                commit_properties=CommitProperties(app_transactions=transactions),
+            )
 
     def read(self, step: int, timeout: float = 60.0, cancel: threading.Event | None = None) -> StepInput:
         """``step``'s input; blocks until it is persisted, ``timeout`` passes, or ``cancel`` is set."""

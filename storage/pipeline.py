@@ -18,6 +18,7 @@ Dagster jobs alike.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections import Counter
@@ -32,7 +33,10 @@ from pyspark.sql.types import StructType
 from circuits import layouts
 from circuits.circuit import Circuit
 from circuits.klogs import KLogsCircuit
+from circuits.records import culprits, data_error, record_error, without
+from circuits.runner import StepResult, StepRunner
 from circuits.vnodes import Layout
+from circuits.zset import WEIGHT
 
 from .database import READS, STATE_FORMAT, DeltaStateStore, Relayout, latest_checkpoint
 from .delta import delta_tables
@@ -40,6 +44,7 @@ from .errors import StaleWriterError, StepOrderError, ViewError
 from .faults import failpoint
 from .lease import Holder, Lease, LeaseRecord
 from .logs import DivisionLog, InputLog, OutputLog, Range, records
+from .logs import StepInput as LoggedInput
 from .sinks import Sinks
 from .views import CurrentViews, retained_view_versions
 from .worker import Worker
@@ -215,6 +220,51 @@ class Pipeline:
             if held is not None:
                 held.enter_context(scope.pop_all())
                 held.callback(self.inputs.forget, step)  # runs first: nothing reads the freed rows
+
+    def compute(self, step: int, runner: StepRunner, logged: LoggedInput) -> StepResult:
+        """Runs ``step`` on its logged input, without the records that make a view's
+        expression fail (see :mod:`circuits.records`): those found before (a replay) are
+        left out first; those a failure of the step finds are left out, the step is run
+        again, and they are dead-lettered once it succeeds.  A failure no record causes
+        raises :class:`~circuits.errors.RecordError`, naming the view's expression."""
+        deltas = logged.deltas
+        recorded = self.inputs.record_errors(step)
+        if recorded:
+            deltas = without(self.spark, self.circuit, deltas, recorded)
+        found = []
+        while True:
+            try:
+                result = runner.step(deltas, logged.retracting, logged.rows, conformed=True)
+                break
+            except Exception as e:
+                error = data_error(e)
+                if error is None:
+                    raise
+                new = culprits(self.spark, self.circuit, deltas)
+                if not new:
+                    raise record_error(runner, deltas, error) from e
+                found += new
+                deltas = without(self.spark, self.circuit, deltas, [(c.handle, c.value) for c in new])
+        if found:
+            self.inputs.add_record_errors(step, found)
+        return result
+
+    def quarantine(self, step: int, handle: str, record: dict) -> None:
+        """Leaves ``record`` (an input row: its columns and ``_weight``) of input ``handle``
+        out of ``step``, which is not committed yet: it is dead-lettered, and the step, run
+        or run again, goes on without it (see :meth:`compute`)."""
+        if handle not in self.circuit.inputs:
+            raise ViewError(f"input {handle!r}: the pipeline's inputs are {sorted(self.circuit.inputs)}")
+        columns = [*self.circuit.inputs[handle].names, WEIGHT]
+        if sorted(record) != sorted(columns) or not isinstance(record[WEIGHT], int) or record[WEIGHT] == 0:
+            raise ViewError(
+                f"a record of input {handle!r} has exactly the fields {columns} ({WEIGHT}: a nonzero integer, "
+                f"as a dead letter's value shows it); got {sorted(record)}"
+            )
+        committed = status(self.root).committed_step
+        if step < committed:
+            raise StepOrderError(f"step {step} is committed already (steps before {committed} are): its input stays")
+        self.inputs.quarantine(step, handle, json.dumps({c: record[c] for c in columns}))
 
     def run_steps(self, reader: StepReader, first: int, last: int) -> range:
         """Runs steps ``first..=last`` in order as one checkpoint, each step's input read

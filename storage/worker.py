@@ -92,7 +92,7 @@ class Worker:
                 except (CancelledError, InputTimeoutError):
                     continue  # look at the state again
                 with pipeline.timed("compute_and_write"):
-                    runner.step(step_input.deltas, step_input.retracting, step_input.rows, conformed=True)
+                    pipeline.compute(step, runner, step_input)
                 with pipeline.timed("output_commit"):
                     pipeline.outputs.write(step, pipeline.state.written_outputs)
                 failpoint("after_output", step)

@@ -23,7 +23,7 @@ from pyspark.sql import types as T
 from sqlglot import exp
 
 from .. import operators as ops
-from ..circuit import Circuit, Stream
+from ..circuit import Circuit, Source, Stream
 from ..zset import parse_schema
 from .analyses import Analyses
 from .errors import SqlError
@@ -146,6 +146,8 @@ class _Compiler:
         self.ctes: list[dict[str, Rel]] = []
         self.count = 0
         self._registered: set[str] = set()
+        self.current: View | None = None
+        """The view being compiled: its expressions are remembered as its (see :meth:`remember`)."""
 
     def fresh(self) -> str:
         self.count += 1
@@ -154,6 +156,7 @@ class _Compiler:
     # views
     def view(self, view: View) -> None:
         self.circuit.declaring = f"{view.file}:{view.line} (view {view.name})"
+        self.current = view
         try:
             output = self._analyse(view)
             rel = self.query(view.query, None)
@@ -678,7 +681,7 @@ class _Compiler:
         scope = replace(scope, scalars=with_values.scalars)
         replacements = {**dict(zip(keys, key_cols)), **values}
 
-        def rewrite(e: exp.Expression) -> str:
+        def over_groups(e: exp.Expression) -> str:
             resolved = exp.maybe_parse(self.resolve(e, scope), dialect=DIALECT)
             return resolved.transform(
                 lambda n: (
@@ -687,6 +690,10 @@ class _Compiler:
                     else n
                 )
             ).sql(DIALECT)
+
+        def rewrite(e: exp.Expression) -> str:
+            self.remember(e, over_groups)
+            return over_groups(e)
 
         having = node.args.get("having")
         if having is not None:
@@ -749,9 +756,21 @@ class _Compiler:
         texts = [text for v in values for text in self.expanded(v, scope)]
         if kind == "count_distinct":
             return kind, self.distinct_value(call, texts, schema)
+        if len(texts) == 1 and kind in ("sum", "avg"):
+            return kind, self.numeric(call, texts[0], schema)
         if len(texts) == 1:
             return kind, texts[0]
         return kind, f"CASE WHEN {_all_present(texts)} THEN 1 END"
+
+    def numeric(self, call: exp.Expression, text: str, schema: T.StructType) -> str:
+        """A ``sum`` or ``avg`` argument as the aggregate reads it: a string cast to a double,
+        as Spark casts it (in the projection before the aggregate, so that a value that does
+        not cast fails on its own row, see :mod:`circuits.records`), remembered as ``call``."""
+        if not isinstance(self.types_of(schema, {"_0": text})["_0"], T.StringType):
+            return text
+        cast = f"CAST({text} AS DOUBLE)"
+        self.remember_as(call, cast)
+        return cast
 
     def distinct_value(self, call: exp.Expression, texts: list[str], schema: T.StructType) -> str:
         """What ``count(DISTINCT ...)`` of ``texts`` (Spark SQL over ``schema``) counts the
@@ -805,8 +824,29 @@ class _Compiler:
         return g
 
     # expressions
+    def remember(self, e: exp.Expression, text: Callable[[exp.Expression], str]) -> None:
+        """Records, for each call and operator of ``e`` (outside its subqueries), where the
+        view wrote it, by ``text(it)``: its Spark SQL as evaluated (see
+        :attr:`circuits.circuit.Circuit.sources`)."""
+        for n in _outside_subqueries(e):
+            if isinstance(n, (exp.Func, exp.Binary, exp.Unary)) and not isinstance(n, (exp.Paren, exp.Alias)):
+                self.remember_as(n, text(n))
+
+    def remember_as(self, e: exp.Expression, text: str) -> None:
+        """Records that the Spark SQL ``text`` evaluates ``e``, as the view wrote it."""
+        view = self.current
+        if view is not None:
+            self.circuit.sources.setdefault(
+                text, Source(view.name, view.file, _line(e) or view.line, _written(view.text, e))
+            )
+
     def resolve(self, e: exp.Expression, scope: _Scope) -> str:
         """``e`` as Spark SQL over internal column names."""
+        text = self._resolved(e, scope)
+        self.remember(e, lambda n: self._resolved(n, scope))
+        return text
+
+    def _resolved(self, e: exp.Expression, scope: _Scope) -> str:
 
         def rename(n: exp.Expression) -> exp.Expression:
             if isinstance(n, (exp.Subquery, exp.Window)) and n.sql(DIALECT) in scope.scalars:
@@ -822,6 +862,17 @@ class _Compiler:
             raise SqlError(f"unknown column {n.sql(DIALECT)}", node=n)
 
         return e.copy().transform(rename).sql(DIALECT)
+
+
+def _written(text: str, node: exp.Expression) -> str:
+    """``node`` as written in ``text`` (its Spark SQL, found there ignoring case and
+    spaces), else as sqlglot writes it."""
+    target = "".join(node.sql(DIALECT).split()).lower()
+    at = [i for i, c in enumerate(text) if not c.isspace()]
+    found = "".join(text[i] for i in at).lower().find(target) if target else -1
+    if found < 0:
+        return node.sql(DIALECT)
+    return text[at[found] : at[found + len(target) - 1] + 1]
 
 
 def _line(node: object) -> int | None:
