@@ -13,10 +13,12 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 
 from circuits.errors import DbspError
 
 from .config import HOME_ENV, home
+from .console import log_path
 
 DAGSTER_YAML = """\
 # Written by dbsp: one run per pipeline at a time, in the order requested (steps run in
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     k.set_defaults(run="klogs_demo")
 
     for name, text in (
+        ("check", "check the configuration and every view against Spark (exit 2 with the errors, each with file:line)"),
         ("status", "committed step, checkpoint, layout, lease and lag per partition"),
         ("recover", "run every divided but uncommitted step"),
         ("stop", "stop the embedded Kafka broker and Spark Connect server"),
@@ -155,12 +158,21 @@ def main(argv: list[str] | None = None) -> int:
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     _prepare_home()
-    run = getattr(importlib.import_module(_MODULES.get(args.run, ".commands"), __package__), args.run)
     try:
+        run = getattr(importlib.import_module(_MODULES.get(args.run, ".commands"), __package__), args.run)
         return run(args)
     except DbspError as e:
         print(f"dbsp {args.command}: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"dbsp {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # not the project's own: its type says what it is, the log has its traceback
+        path = log_path(home("logs"), args.command)
+        with open(path, "w") as log:
+            traceback.print_exc(file=log)
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"dbsp {args.command}: {type(e).__name__}: {first} (traceback in {path})", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

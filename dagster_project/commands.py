@@ -22,7 +22,8 @@ from storage.lease import Holder
 from storage.views import read_view
 
 from . import devserver
-from .config import CONFIG_ENV, home, load_project
+from .check import check_configuration
+from .config import CONFIG_ENV, ConfigError, home, load_project
 from .console import Progress, log_path, output_to_log
 from .demo import DemoResult, run_demo
 from .factory import open_pipeline
@@ -48,7 +49,14 @@ def demo(args: argparse.Namespace) -> int:
     The terminal gets progress and a line per step; Dagster's events and everything else
     the run writes go to a log file under ``$DBSP_HOME/logs`` (also to the terminal with
     ``--verbose``)."""
-    project, _ = _pipeline(args)
+    project, spec = _pipeline(args)
+    if spec.producer is None:
+        raise ConfigError(
+            f"pipeline {spec.name!r} has no producer: the demo makes its events with one "
+            "(producer: 'module:function' in dbsp.yaml, the module beside it or importable; see docs/feeding.md); "
+            f"to run your own records instead, send them with `dbsp produce TOPIC FILE.jsonl` and run the steps "
+            f"with `dbsp step --pipeline {spec.name}`"
+        )
     path = log_path(home("logs"), "demo")
     with output_to_log(path, echo=args.verbose, until_exit=True) as terminal:
         # Verbose: the events scroll by, so no live line to garble them.
@@ -113,6 +121,15 @@ def _demo_summary(result: DemoResult, daemons: str, path: str) -> list[str]:
         *([daemons] if daemons else []),
         f"full log (Dagster's events, Spark's output): {path}",
     ]
+
+
+def check(args: argparse.Namespace) -> int:
+    """Checks the configuration and every view against Spark before any step is recorded."""
+    errors, summary = check_configuration(args.config)
+    if errors:
+        raise ConfigError(f"{len(errors)} error(s):\n" + "\n".join(errors))
+    print(f"dbsp check: {summary}: no errors")
+    return 0
 
 
 def status(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ embedded Nexmark demo pipeline is served.  Every error names the field and the f
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import os
@@ -15,7 +16,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -55,12 +56,32 @@ def home(*parts: str) -> str:
     return str(Path(os.environ.get(HOME_ENV) or ".dbsp").absolute().joinpath(*parts))
 
 
-def load_object(path: str):
+def load_object(path: str, base: str | None = None):
+    """The object ``path`` (``module:name``) names; a module not found on ``sys.path`` is
+    looked for in ``base`` (the configuration file's directory) too."""
     module, _, name = path.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"cannot import {path!r} ({e}); write it as 'package.module:function'") from e
+        with _on_path(base):
+            return getattr(importlib.import_module(module), name)
+    except Exception as e:  # a module failing as it imports is the configuration's fault too
+        raise ValueError(
+            f"cannot import {path!r} ({type(e).__name__}: {e}); write it as 'package.module:function', "
+            "the module importable or beside the configuration file"
+        ) from e
+
+
+@contextlib.contextmanager
+def _on_path(directory: str | None) -> Iterator[None]:
+    """``directory`` at the end of ``sys.path`` for the block, so an installed module of the
+    same name wins."""
+    added = directory is not None and directory not in sys.path
+    if added:
+        sys.path.append(directory)
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(directory)
 
 
 class SinkSpec(BaseModel):
@@ -149,7 +170,7 @@ class PipelineSpec(BaseModel):
     @classmethod
     def _importable(cls, path: str | None, info: ValidationInfo) -> str | None:
         if path is not None and _checks_circuits(info):
-            load_object(path)
+            load_object(path, (info.context or {}).get("base"))
         return path
 
     @field_validator("sql")
@@ -178,10 +199,18 @@ class PipelineSpec(BaseModel):
             try:
                 parse_schema(ddl)
             except Exception as e:
-                untyped = [c.strip() for c in ddl_fields(ddl) if len(c.split()) < 2 and not set(c) & set(":<>")]
-                if not untyped and not _spark_there():
+                fields = [c.strip() for c in ddl_fields(ddl)]
+                untyped = [c for c in fields if len(c.split()) < 2 and not set(c) & set(":<>")]
+                joined = [c for c in fields if _two_columns(c)]
+                if not untyped and not joined and not _spark_there():
                     continue  # a nested type, for Spark's parser when the run opens its session
-                reason = f"{untyped[0]!r} has no type" if untyped else str(e)
+                reason = (
+                    f"{untyped[0]!r} has no type"
+                    if untyped
+                    else f"{joined[0]!r} is two columns: a comma is missing"
+                    if joined
+                    else str(e).strip().splitlines()[0]
+                )
                 raise ValueError(
                     f"{handle}: {ddl!r} is not a Spark DDL schema ({reason}); write it as 'id BIGINT, name STRING'"
                 ) from None
@@ -333,6 +362,13 @@ class PipelineSpec(BaseModel):
         return self.circuit_for(_active_session())
 
 
+def _two_columns(field: str) -> bool:
+    """Whether a DDL field runs two columns together (``id BIGINT name STRING``): a word after
+    a type without parentheses that is neither ``NOT NULL`` nor ``COMMENT``."""
+    words = field.replace(":", " ").split()
+    return len(words) > 2 and not set(words[1]) & set("(<") and words[2].upper() not in ("NOT", "COMMENT")
+
+
 def _checks_circuits(info: ValidationInfo) -> bool:
     """Whether to import and build the circuits (not for a reader of the topics alone)."""
     return (info.context or {}).get("circuits", True)
@@ -454,16 +490,26 @@ def load_project(path: str | None = None, circuits: bool = True) -> ProjectSpec:
     """The project's pipelines from ``path`` (default: ``$DBSP_CONFIG``, then ``./dbsp.yaml``,
     then the built-in Nexmark demo).  ``circuits=False`` checks no pipeline's circuit
     against its sources and sinks, for a reader of the topics alone (``dbsp gateway``)."""
-    named = path or (f"{CONFIG_ENV}={os.environ[CONFIG_ENV]}" if os.environ.get(CONFIG_ENV) else None)
-    path = path or os.environ.get(CONFIG_ENV) or ("dbsp.yaml" if os.path.exists("dbsp.yaml") else None)
+    path, named = config_file(path)
     if path is None:
-        return parse_project(demo_settings(), "the built-in demo configuration", circuits=circuits)
+        return parse_project(demo_settings(), BUILT_IN, circuits=circuits)
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{named or path}: cannot read the pipeline configuration: {e}") from e
+        raise ConfigError(f"{named}: cannot read the pipeline configuration: {e}") from e
     return parse_project(data, path, base=os.path.dirname(os.path.abspath(path)), circuits=circuits)
+
+
+BUILT_IN = "the built-in demo configuration"
+
+
+def config_file(path: str | None = None) -> tuple[str | None, str]:
+    """The configuration file :func:`load_project` reads (None: the built-in demo's), and how
+    the user named it."""
+    named = path or (f"{CONFIG_ENV}={os.environ[CONFIG_ENV]}" if os.environ.get(CONFIG_ENV) else None)
+    path = path or os.environ.get(CONFIG_ENV) or ("dbsp.yaml" if os.path.exists("dbsp.yaml") else None)
+    return path, named or path or BUILT_IN
 
 
 def parse_project(data: object, source: str, base: str = ".", circuits: bool = True) -> ProjectSpec:
