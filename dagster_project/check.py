@@ -135,11 +135,12 @@ def _project_errors(data: dict, located: Located, base: str) -> list[str]:
 def _pipeline_errors(spec: PipelineSpec, session: SparkSession, base: str) -> Iterator[tuple[Loc, str]]:
     """A pipeline's errors: (where in its entry, message); an empty ``where`` when the
     message names its own place (a SQL file's line)."""
-    if spec.producer is not None:
+    for key in ("producer", "circuit"):  # imported as the configuration's load imports them
         try:
-            load_object(spec.producer, base)
+            if getattr(spec, key) is not None:
+                load_object(getattr(spec, key), base)
         except ValueError as e:
-            yield ("producer",), str(e)
+            yield (key,), str(e)
             return
     if spec.circuit is not None:
         yield from _circuit_errors(spec, session)

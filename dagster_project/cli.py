@@ -111,6 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     ):
         c = commands.add_parser(name, help=text)
         c.set_defaults(run=name)
+    t = commands.add_parser(
+        "step", help="divide what the pipeline's topics hold into steps and run them now, without Dagster's sensor"
+    )
+    t.set_defaults(run="step")
+    p = commands.add_parser("produce", help="send each line of a file (a JSON record) to a pipeline's topic")
+    p.add_argument("topic", help="an input topic of a configured pipeline")
+    p.add_argument("file", help="a file of records, one JSON object a line (JSON Lines)")
+    p.set_defaults(run="produce")
     r = commands.add_parser("rescale", help="change the number of workers (the vnode layout)")
     r.add_argument("--workers", type=int, required=True, help="workers (Spark tasks) to spread the state's vnodes over")
     r.add_argument("--strategy", choices=["fixed", "dynamic"], help="default: the current layout's")
@@ -126,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--limit", type=int, default=20, help="rows to print (default 20)")
     w.set_defaults(run="show")
 
-    for name in ("demo", "status", "recover", "rescale", "show"):
+    for name in ("demo", "status", "recover", "step", "rescale", "show"):
         commands.choices[name].add_argument("--pipeline", help="pipeline name (default: the first configured)")
     commands.choices["recover"].add_argument(
         "--break-lease", action="store_true", help="take the lease from a run that died"

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import time
 import traceback
 
 import pyarrow as pa
@@ -17,16 +18,19 @@ from circuits.daemon import listening
 from circuits.errors import DbspError
 from circuits.spark import stop_connect_server
 from sensors.broker import stop_local_broker
+from sensors.division import DivisionPolicy, cut_next
 from sensors.status import report
 from storage.lease import Holder
+from storage.pipeline import status as pipeline_status
 from storage.views import read_view
 
 from . import devserver
 from .check import check_configuration
 from .config import CONFIG_ENV, ConfigError, home, load_project
 from .console import Progress, log_path, output_to_log
-from .demo import DemoResult, run_demo
-from .factory import open_pipeline
+from .demo import DemoResult, StepReport, events_of, run_demo
+from .demo_producer import PRODUCERS
+from .factory import open_pipeline, record_committed
 from .kafka import EMBEDDED
 from .klogs_demo import run_klogs_demo
 from .resources import build_resources
@@ -144,14 +148,68 @@ def status(args: argparse.Namespace) -> int:
 
 
 def recover(args: argparse.Namespace) -> int:
-    """Runs every divided but uncommitted step (optionally breaking a dead run's lease)."""
+    """Runs every divided but uncommitted step (optionally breaking a dead run's lease);
+    Dagster records the steps it ran as materialized."""
     project, spec = _pipeline(args)
     resources = build_resources(project)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
-    recovery = pipeline.recover(resources["kafka"].source(spec).read, _holder("recover"), args.break_lease)
+    holder = _holder("recover")
+    recovery = pipeline.recover(resources["kafka"].source(spec).read, holder, args.break_lease)
     if args.break_lease:
         print(f"broke the lease: {recovery.broken}")
+    if recovery.ran:
+        ran = recovery.ran
+        record_committed(DagsterInstance.get(), spec, pipeline, ran.start, ran.stop - 1, ran, holder.name)
     print(f"ran steps {list(recovery.ran)}; next step {recovery.next_step}")
+    return 0
+
+
+def step(args: argparse.Namespace) -> int:
+    """Divides what the pipeline's topics hold into steps, as the offset sensor does but
+    without waiting, and runs each step not yet committed, as its Dagster run does (the same
+    division and step code), printing the demo's line per step; Dagster records each step
+    as materialized."""
+    project, spec = _pipeline(args)
+    resources = build_resources(project)
+    source = resources["kafka"].source(spec)
+    pipeline = open_pipeline(spec, resources["spark"], resources["store"])
+    policy, client, topics = DivisionPolicy(spec.max_records_per_step, 0), source.client(), list(source.topics.values())
+    while (cut := cut_next(pipeline.divisions, client, topics, policy)).step is not None:
+        pass
+    position = pipeline_status(pipeline.root)
+    if position.committed_step == position.divided_step:
+        print(f"dbsp step: no step to run ({cut.reason})")
+        return 0
+    holder, instance = _holder("step", spec.lease_wait_seconds), DagsterInstance.get()
+    with pipeline.lease.held(holder):
+        for s in range(position.committed_step, position.divided_step):
+            pipeline.timings.clear()
+            started = time.perf_counter()
+            ran = pipeline.run_steps(source.read, s, s)
+            report = StepReport(s, events_of(pipeline.root, s), True, time.perf_counter() - started)
+            for metadata in record_committed(instance, spec, pipeline, s, s, ran, holder.name).values():
+                report.add({k: getattr(v, "value", v) for k, v in metadata.items()})
+            print(report.line())
+    print(dead_letters_note(pipeline.root))
+    return 0
+
+
+def produce(args: argparse.Namespace) -> int:
+    """Sends each line of a file to a pipeline's topic as one record (for trying a pipeline
+    out; a real producer writes the topic itself)."""
+    project = load_project(args.config)
+    spec = next((p for p in project.pipelines if args.topic in p.sources.values()), None)
+    if spec is None:
+        topics = sorted(t for p in project.pipelines for t in p.sources.values())
+        raise ConfigError(f"{args.topic!r} is no pipeline's input topic; the topics are {topics}")
+    try:
+        with open(args.file, "rb") as f:
+            values = [line.rstrip(b"\r\n") for line in f if line.strip()]
+    except OSError as e:
+        raise ConfigError(f"cannot read {args.file}: {e.strerror}") from None
+    source = build_resources(project)["kafka"].source(spec)
+    sent = source.client().produce_parallel(args.topic, values, PRODUCERS)  # as the demo's: the way the broker needs
+    print(f"dbsp produce: {sent} records to {args.topic} on {source.bootstrap_servers} (pipeline {spec.name})")
     return 0
 
 

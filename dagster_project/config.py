@@ -132,6 +132,12 @@ class PipelineSpec(BaseModel):
     )
     sensor_interval_seconds: int = Field(10, gt=0, description="how often the offset sensor looks at the topics")
     sensor_running: bool = Field(True, description="whether the offset sensor starts running by default")
+    retry_backoff_seconds: float = Field(
+        10.0, ge=0, description="how long the sensor waits to request a failed step's run again; doubled per failure"
+    )
+    retry_backoff_max_seconds: float = Field(
+        600.0, ge=0, description="the longest wait before a failed step's run is requested again"
+    )
     lease_wait_seconds: float = Field(
         600.0, ge=0, description="how long a run waits for another run of this pipeline to finish"
     )
