@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -31,6 +32,7 @@ from .config import (
     PipelineSpec,
     config_file,
     demo_settings,
+    describe_error,
     load_object,
     parse_project,
 )
@@ -48,9 +50,12 @@ class Located:
 
     def at(self, loc: Loc, message: str) -> str:
         """``message`` about the setting at ``loc`` (keys and list indexes), as ``file:line: where: message``."""
-        where = ".".join(str(part) for part in loc) or "(top level)"
+        return self.described(loc, f"{'.'.join(str(part) for part in loc) or '(top level)'}: {message}")
+
+    def described(self, loc: Loc, description: str) -> str:
+        """A description that names its setting (``where: message``), with the file and line first."""
         line = self.line(loc)
-        return f"{self.file}{f':{line}' if line else ''}: {where}: {message}"
+        return f"{self.file}{f':{line}' if line else ''}: {description}"
 
     def line(self, loc: Loc) -> int | None:
         """The line of the deepest node of ``loc`` the file has (a mapping entry's key)."""
@@ -90,7 +95,9 @@ def check_configuration(path: str | None) -> tuple[list[str], str]:
         try:
             specs[i] = PipelineSpec.model_validate(entry, context={"base": base, "circuits": False})
         except ValidationError as e:
-            errors += [located.at(*_placed(("pipelines", i, *d["loc"]), _message(d), entry)) for d in e.errors()]
+            for error in map(partial(_placed, entry), e.errors()):
+                where = ("pipelines", i, *error["loc"])
+                errors.append(located.described(where, describe_error(error, PipelineSpec, ("pipelines", i))))
     try:
         resources = build_resources(
             parse_project({"pipelines": [], "resources": data.get("resources", {})}, located.file, base, circuits=False)
@@ -110,17 +117,13 @@ def check_configuration(path: str | None) -> tuple[list[str], str]:
     return errors, f"{len(specs)} pipeline(s), {views} SQL view(s)"
 
 
-def _message(error: dict) -> str:
-    return error["msg"].removeprefix("Value error, ")
-
-
-def _placed(loc: Loc, message: str, entry: object) -> tuple[Loc, str]:
-    """A ``schemas`` error at the handle it names (``handle: message``), else as it is."""
+def _placed(entry: object, error: dict) -> dict:
+    """A pipeline's error; one of ``schemas`` at the handle it names (``handle: message``)."""
     schemas = entry.get("schemas") if isinstance(entry, dict) else None
-    handle, _, rest = message.partition(": ")
-    if loc[-1:] == ("schemas",) and isinstance(schemas, dict) and handle in schemas:
-        return (*loc, handle), rest
-    return loc, message
+    handle, _, rest = error["msg"].removeprefix("Value error, ").partition(": ")
+    if tuple(error["loc"]) == ("schemas",) and isinstance(schemas, dict) and handle in schemas:
+        return {**error, "loc": ("schemas", handle), "msg": rest}
+    return error
 
 
 def _project_errors(data: dict, located: Located, base: str) -> list[str]:

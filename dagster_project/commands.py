@@ -157,9 +157,7 @@ def recover(args: argparse.Namespace) -> int:
     recovery = pipeline.recover(resources["kafka"].source(spec).read, holder, args.break_lease)
     if args.break_lease:
         print(f"broke the lease: {recovery.broken}")
-    if recovery.ran:
-        ran = recovery.ran
-        record_committed(DagsterInstance.get(), spec, pipeline, ran.start, ran.stop - 1, ran, holder.name)
+    record_committed(DagsterInstance.get(), spec, pipeline, recovery.ran, holder.name)
     print(f"ran steps {list(recovery.ran)}; next step {recovery.next_step}")
     return 0
 
@@ -187,7 +185,7 @@ def step(args: argparse.Namespace) -> int:
             started = time.perf_counter()
             ran = pipeline.run_steps(source.read, s, s)
             report = StepReport(s, events_of(pipeline.root, s), True, time.perf_counter() - started)
-            for metadata in record_committed(instance, spec, pipeline, s, s, ran, holder.name).values():
+            for metadata in record_committed(instance, spec, pipeline, ran, holder.name).values():
                 report.add({k: getattr(v, "value", v) for k, v in metadata.items()})
             print(report.line())
     print(dead_letters_note(pipeline.root))

@@ -532,10 +532,11 @@ def describe_errors(error: ValidationError, model: type[BaseModel], prefix: tupl
     """Each problem of ``error`` (raised validating ``model``, found under ``prefix`` of the
     configuration) as ``where: what (expected: the field's description)``; an unknown key
     gets the nearest valid one."""
-    return "; ".join(_describe(e, model, prefix) for e in error.errors())
+    return "; ".join(describe_error(e, model, prefix) for e in error.errors())
 
 
-def _describe(error: dict, model: type[BaseModel], prefix: tuple) -> str:
+def describe_error(error: dict, model: type[BaseModel], prefix: tuple = ()) -> str:
+    """One problem of :func:`describe_errors`."""
     loc = tuple(error["loc"])
     where = ".".join(str(part) for part in prefix + loc) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")

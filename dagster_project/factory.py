@@ -186,17 +186,17 @@ def sink_metadata(spec: PipelineSpec, pipeline: Pipeline, first: int, last: int,
     }
 
 
-def record_committed(
-    instance, spec: PipelineSpec, pipeline: Pipeline, first: int, last: int, ran: range, by: str
-) -> dict[str, dict]:
-    """Records steps ``ran`` (of a run over ``first..=last``) that a command committed outside
-    Dagster as materializations of every sink's step partition, so that Dagster shows them as
-    materialized as it shows the steps its runs committed.  Returns the metadata recorded
-    (see :func:`sink_metadata`)."""
+def record_committed(instance, spec: PipelineSpec, pipeline: Pipeline, ran: range, by: str) -> dict[str, dict]:
+    """Records steps ``ran`` (one checkpoint) that ``by`` committed outside the step assets
+    (a command, a maintenance job) as materializations of every sink's step partition, so
+    that Dagster shows them as materialized as it shows the steps its step runs committed.
+    Returns the metadata recorded (see :func:`sink_metadata`; none when nothing ran)."""
+    if not ran:
+        return {}
     partitions = f"{spec.name}_steps"
     existing = set(instance.get_dynamic_partitions(partitions))
     instance.add_dynamic_partitions(partitions, [step_key(s) for s in ran if step_key(s) not in existing])
-    metadata = sink_metadata(spec, pipeline, first, last, ran)
+    metadata = sink_metadata(spec, pipeline, ran.start, ran.stop - 1, ran)
     for step in ran:
         for name, values in metadata.items():
             instance.report_runless_asset_event(
@@ -438,9 +438,11 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
         kafka: KafkaResource,
     ):
         pipeline = open_pipeline(spec, spark, store)
-        recovery = pipeline.recover(kafka.source(spec).read, _holder(context, spec), config.break_lease)
+        holder = _holder(context, spec)
+        recovery = pipeline.recover(kafka.source(spec).read, holder, config.break_lease)
         if config.break_lease:
             context.log.warning(f"broke the lease of {recovery.broken}")
+        record_committed(context.instance, spec, pipeline, recovery.ran, f"run {holder.name}")
         context.log.info(f"recovered: ran steps {list(recovery.ran)}; next step {recovery.next_step}")
 
     @op(name=f"{spec.name}_status_op")

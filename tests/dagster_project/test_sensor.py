@@ -129,7 +129,7 @@ def test_a_failed_step_is_requested_again_after_a_back_off_and_a_step_committed_
     pipeline = open_pipeline(h.spec, h.resources["spark"], h.resources["store"])
     ran = pipeline.recover(h.source.read).ran
     assert ran == range(1, 2)
-    record_committed(h.instance, h.spec, pipeline, 1, 1, ran, "dbsp recover")
+    record_committed(h.instance, h.spec, pipeline, ran, "dbsp recover")
     assert not failed_partitions(h)
     assert h.instance.get_materialized_partitions(AssetKey([h.name, "bids_by_category"])) == {
         "0000000000",
