@@ -13,10 +13,12 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 
 from circuits.errors import DbspError
 
 from .config import HOME_ENV, home
+from .console import log_path
 
 DAGSTER_YAML = """\
 # Written by dbsp: one run per pipeline at a time, in the order requested (steps run in
@@ -102,12 +104,21 @@ def main(argv: list[str] | None = None) -> int:
     k.set_defaults(run="klogs_demo")
 
     for name, text in (
+        ("check", "check the configuration and every view against Spark (exit 2 with the errors, each with file:line)"),
         ("status", "committed step, checkpoint, layout, lease and lag per partition"),
         ("recover", "run every divided but uncommitted step"),
         ("stop", "stop the embedded Kafka broker and Spark Connect server"),
     ):
         c = commands.add_parser(name, help=text)
         c.set_defaults(run=name)
+    t = commands.add_parser(
+        "step", help="divide what the pipeline's topics hold into steps and run them now, without Dagster's sensor"
+    )
+    t.set_defaults(run="step")
+    p = commands.add_parser("produce", help="send each line of a file (a JSON record) to a pipeline's topic")
+    p.add_argument("topic", help="an input topic of a configured pipeline")
+    p.add_argument("file", help="a file of records, one JSON object a line (JSON Lines)")
+    p.set_defaults(run="produce")
     r = commands.add_parser("rescale", help="change the number of workers (the vnode layout)")
     r.add_argument("--workers", type=int, required=True, help="workers (Spark tasks) to spread the state's vnodes over")
     r.add_argument("--strategy", choices=["fixed", "dynamic"], help="default: the current layout's")
@@ -131,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("record", help='the record as JSON, its columns and _weight: {"id": 7, "ts": "x", "_weight": 1}')
     q.set_defaults(run="quarantine")
 
-    for name in ("demo", "status", "recover", "rescale", "show", "quarantine"):
+    for name in ("demo", "status", "recover", "step", "rescale", "show", "quarantine"):
         commands.choices[name].add_argument("--pipeline", help="pipeline name (default: the first configured)")
     commands.choices["recover"].add_argument(
         "--break-lease", action="store_true", help="take the lease from a run that died"
@@ -171,12 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     _prepare_home()
-    run = getattr(importlib.import_module(_MODULES.get(args.run, ".commands"), __package__), args.run)
     try:
+        run = getattr(importlib.import_module(_MODULES.get(args.run, ".commands"), __package__), args.run)
         return run(args)
     except DbspError as e:
         print(f"dbsp {args.command}: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"dbsp {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # not the project's own: its type says what it is, the log has its traceback
+        path = log_path(home("logs"), args.command)
+        with open(path, "w") as log:
+            traceback.print_exc(file=log)
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"dbsp {args.command}: {type(e).__name__}: {first} (traceback in {path})", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 import traceback
 
 import pyarrow as pa
@@ -19,15 +20,18 @@ from circuits.daemon import listening
 from circuits.errors import DbspError
 from circuits.spark import stop_connect_server
 from sensors.broker import stop_local_broker
+from sensors.division import DivisionPolicy, cut_next
 from sensors.status import report
 from storage.lease import Holder
+from storage.pipeline import status as pipeline_status
 from storage.views import read_view
 
 from . import devserver
-from .config import CONFIG_ENV, home, load_project
+from .check import check_configuration
+from .config import CONFIG_ENV, ConfigError, home, load_project
 from .console import Progress, log_path, output_to_log
-from .demo import DemoResult, run_demo
-from .factory import open_pipeline
+from .demo import DemoResult, StepReport, events_of, run_demo
+from .factory import open_pipeline, record_committed
 from .kafka import EMBEDDED
 from .klogs_demo import run_klogs_demo
 from .resources import build_resources
@@ -50,7 +54,14 @@ def demo(args: argparse.Namespace) -> int:
     The terminal gets progress and a line per step; Dagster's events and everything else
     the run writes go to a log file under ``$DBSP_HOME/logs`` (also to the terminal with
     ``--verbose``)."""
-    project, _ = _pipeline(args)
+    project, spec = _pipeline(args)
+    if spec.producer is None:
+        raise ConfigError(
+            f"pipeline {spec.name!r} has no producer: the demo makes its events with one "
+            "(producer: 'module:function' in dbsp.yaml, the module beside it or importable; see docs/feeding.md); "
+            f"to run your own records instead, send them with `dbsp produce TOPIC FILE.jsonl` and run the steps "
+            f"with `dbsp step --pipeline {spec.name}`"
+        )
     path = log_path(home("logs"), "demo")
     with output_to_log(path, echo=args.verbose, until_exit=True) as terminal:
         # Verbose: the events scroll by, so no live line to garble them.
@@ -121,6 +132,15 @@ def _demo_summary(result: DemoResult, daemons: str, path: str) -> list[str]:
     ]
 
 
+def check(args: argparse.Namespace) -> int:
+    """Checks the configuration and every view against Spark before any step is recorded."""
+    errors, summary = check_configuration(args.config)
+    if errors:
+        raise ConfigError(f"{len(errors)} error(s):\n" + "\n".join(errors))
+    print(f"dbsp check: {summary}: no errors")
+    return 0
+
+
 def status(args: argparse.Namespace) -> int:
     """Prints the committed step, checkpoint version, layout, lease and lag per partition."""
     project, spec = _pipeline(args)
@@ -133,13 +153,16 @@ def status(args: argparse.Namespace) -> int:
 
 
 def recover(args: argparse.Namespace) -> int:
-    """Runs every divided but uncommitted step (optionally breaking a dead run's lease)."""
+    """Runs every divided but uncommitted step (optionally breaking a dead run's lease);
+    Dagster records the steps it ran as materialized."""
     project, spec = _pipeline(args)
     resources = build_resources(project)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
-    recovery = pipeline.recover(resources["kafka"].source(spec).read, _holder("recover"), args.break_lease)
+    holder = _holder("recover")
+    recovery = pipeline.recover(resources["kafka"].source(spec).read, holder, args.break_lease)
     if args.break_lease:
         print(f"broke the lease: {recovery.broken}")
+    record_committed(DagsterInstance.get(), spec, pipeline, recovery.ran, holder.name)
     print(f"ran steps {list(recovery.ran)}; next step {recovery.next_step}")
     return 0
 
@@ -158,6 +181,55 @@ def quarantine(args: argparse.Namespace) -> int:
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
     pipeline.quarantine(args.step, args.input, record)
     print(f"step {args.step} leaves out the {args.input} record {args.record}; run `dbsp recover` to run it")
+    return 0
+
+
+def step(args: argparse.Namespace) -> int:
+    """Divides what the pipeline's topics hold into steps, as the offset sensor does but
+    without waiting, and runs each step not yet committed, as its Dagster run does (the same
+    division and step code), printing the demo's line per step; Dagster records each step
+    as materialized."""
+    project, spec = _pipeline(args)
+    resources = build_resources(project)
+    source = resources["kafka"].source(spec)
+    pipeline = open_pipeline(spec, resources["spark"], resources["store"])
+    policy, client, topics = DivisionPolicy(spec.max_records_per_step, 0), source.client(), list(source.topics.values())
+    while (cut := cut_next(pipeline.divisions, client, topics, policy)).step is not None:
+        pass
+    position = pipeline_status(pipeline.root)
+    if position.committed_step == position.divided_step:
+        print(f"dbsp step: no step to run ({cut.reason})")
+        return 0
+    holder, instance = _holder("step", spec.lease_wait_seconds), DagsterInstance.get()
+    with pipeline.lease.held(holder):
+        for s in range(position.committed_step, position.divided_step):
+            pipeline.timings.clear()
+            started = time.perf_counter()
+            ran = pipeline.run_steps(source.read, s, s)
+            report = StepReport(s, events_of(pipeline.root, s), True, time.perf_counter() - started)
+            for metadata in record_committed(instance, spec, pipeline, ran, holder.name).values():
+                report.add({k: getattr(v, "value", v) for k, v in metadata.items()})
+            print(report.line())
+    print(dead_letters_note(pipeline.root))
+    return 0
+
+
+def produce(args: argparse.Namespace) -> int:
+    """Sends each line of a file to a pipeline's topic as one record (for trying a pipeline
+    out; a real producer writes the topic itself)."""
+    project = load_project(args.config)
+    spec = next((p for p in project.pipelines if args.topic in p.sources.values()), None)
+    if spec is None:
+        topics = sorted(t for p in project.pipelines for t in p.sources.values())
+        raise ConfigError(f"{args.topic!r} is no pipeline's input topic; the topics are {topics}")
+    try:
+        with open(args.file, "rb") as f:
+            values = [line.rstrip(b"\r\n") for line in f if line.strip()]
+    except OSError as e:
+        raise ConfigError(f"cannot read {args.file}: {e.strerror}") from None
+    source = build_resources(project)["kafka"].source(spec)
+    sent = source.client().produce(args.topic, values)
+    print(f"dbsp produce: {sent} records to {args.topic} on {source.bootstrap_servers} (pipeline {spec.name})")
     return 0
 
 

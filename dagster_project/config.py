@@ -8,6 +8,7 @@ embedded Nexmark demo pipeline is served.  Every error names the field and the f
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import os
@@ -15,7 +16,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -56,12 +57,32 @@ def home(*parts: str) -> str:
     return str(Path(os.environ.get(HOME_ENV) or ".dbsp").absolute().joinpath(*parts))
 
 
-def load_object(path: str):
+def load_object(path: str, base: str | None = None):
+    """The object ``path`` (``module:name``) names; a module not found on ``sys.path`` is
+    looked for in ``base`` (the configuration file's directory) too."""
     module, _, name = path.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"cannot import {path!r} ({e}); write it as 'package.module:function'") from e
+        with _on_path(base):
+            return getattr(importlib.import_module(module), name)
+    except Exception as e:  # a module failing as it imports is the configuration's fault too
+        raise ValueError(
+            f"cannot import {path!r} ({type(e).__name__}: {e}); write it as 'package.module:function', "
+            "the module importable or beside the configuration file"
+        ) from e
+
+
+@contextlib.contextmanager
+def _on_path(directory: str | None) -> Iterator[None]:
+    """``directory`` at the end of ``sys.path`` for the block, so an installed module of the
+    same name wins."""
+    added = directory is not None and directory not in sys.path
+    if added:
+        sys.path.append(directory)
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(directory)
 
 
 class SinkSpec(BaseModel):
@@ -112,6 +133,12 @@ class PipelineSpec(BaseModel):
     )
     sensor_interval_seconds: int = Field(10, gt=0, description="how often the offset sensor looks at the topics")
     sensor_running: bool = Field(True, description="whether the offset sensor starts running by default")
+    retry_backoff_seconds: float = Field(
+        10.0, ge=0, description="how long the sensor waits to request a failed step's run again; doubled per failure"
+    )
+    retry_backoff_max_seconds: float = Field(
+        600.0, ge=0, description="the longest wait before a failed step's run is requested again"
+    )
     lease_wait_seconds: float = Field(
         600.0, ge=0, description="how long a run waits for another run of this pipeline to finish"
     )
@@ -157,7 +184,7 @@ class PipelineSpec(BaseModel):
     @classmethod
     def _importable(cls, path: str | None, info: ValidationInfo) -> str | None:
         if path is not None and _checks_circuits(info):
-            load_object(path)
+            load_object(path, (info.context or {}).get("base"))
         return path
 
     @field_validator("sql")
@@ -186,10 +213,18 @@ class PipelineSpec(BaseModel):
             try:
                 parse_schema(ddl)
             except Exception as e:
-                untyped = [c.strip() for c in ddl_fields(ddl) if len(c.split()) < 2 and not set(c) & set(":<>")]
-                if not untyped and not _spark_there():
+                fields = [c.strip() for c in ddl_fields(ddl)]
+                untyped = [c for c in fields if len(c.split()) < 2 and not set(c) & set(":<>")]
+                joined = [c for c in fields if _two_columns(c)]
+                if not untyped and not joined and not _spark_there():
                     continue  # a nested type, for Spark's parser when the run opens its session
-                reason = f"{untyped[0]!r} has no type" if untyped else str(e)
+                reason = (
+                    f"{untyped[0]!r} has no type"
+                    if untyped
+                    else f"{joined[0]!r} is two columns: a comma is missing"
+                    if joined
+                    else str(e).strip().splitlines()[0]
+                )
                 raise ValueError(
                     f"{handle}: {ddl!r} is not a Spark DDL schema ({reason}); write it as 'id BIGINT, name STRING'"
                 ) from None
@@ -369,6 +404,13 @@ class PipelineSpec(BaseModel):
         return self.circuit_for(_active_session())
 
 
+def _two_columns(field: str) -> bool:
+    """Whether a DDL field runs two columns together (``id BIGINT name STRING``): a word after
+    a type without parentheses that is neither ``NOT NULL`` nor ``COMMENT``."""
+    words = field.replace(":", " ").split()
+    return len(words) > 2 and not set(words[1]) & set("(<") and words[2].upper() not in ("NOT", "COMMENT")
+
+
 def _checks_circuits(info: ValidationInfo) -> bool:
     """Whether to import and build the circuits (not for a reader of the topics alone)."""
     return (info.context or {}).get("circuits", True)
@@ -490,16 +532,26 @@ def load_project(path: str | None = None, circuits: bool = True) -> ProjectSpec:
     """The project's pipelines from ``path`` (default: ``$DBSP_CONFIG``, then ``./dbsp.yaml``,
     then the built-in Nexmark demo).  ``circuits=False`` checks no pipeline's circuit
     against its sources and sinks, for a reader of the topics alone (``dbsp gateway``)."""
-    named = path or (f"{CONFIG_ENV}={os.environ[CONFIG_ENV]}" if os.environ.get(CONFIG_ENV) else None)
-    path = path or os.environ.get(CONFIG_ENV) or ("dbsp.yaml" if os.path.exists("dbsp.yaml") else None)
+    path, named = config_file(path)
     if path is None:
-        return parse_project(demo_settings(), "the built-in demo configuration", circuits=circuits)
+        return parse_project(demo_settings(), BUILT_IN, circuits=circuits)
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{named or path}: cannot read the pipeline configuration: {e}") from e
+        raise ConfigError(f"{named}: cannot read the pipeline configuration: {e}") from e
     return parse_project(data, path, base=os.path.dirname(os.path.abspath(path)), circuits=circuits)
+
+
+BUILT_IN = "the built-in demo configuration"
+
+
+def config_file(path: str | None = None) -> tuple[str | None, str]:
+    """The configuration file :func:`load_project` reads (None: the built-in demo's), and how
+    the user named it."""
+    named = path or (f"{CONFIG_ENV}={os.environ[CONFIG_ENV]}" if os.environ.get(CONFIG_ENV) else None)
+    path = path or os.environ.get(CONFIG_ENV) or ("dbsp.yaml" if os.path.exists("dbsp.yaml") else None)
+    return path, named or path or BUILT_IN
 
 
 def parse_project(data: object, source: str, base: str = ".", circuits: bool = True) -> ProjectSpec:
@@ -516,10 +568,11 @@ def describe_errors(error: ValidationError, model: type[BaseModel], prefix: tupl
     """Each problem of ``error`` (raised validating ``model``, found under ``prefix`` of the
     configuration) as ``where: what (expected: the field's description)``; an unknown key
     gets the nearest valid one."""
-    return "; ".join(_describe(e, model, prefix) for e in error.errors())
+    return "; ".join(describe_error(e, model, prefix) for e in error.errors())
 
 
-def _describe(error: dict, model: type[BaseModel], prefix: tuple) -> str:
+def describe_error(error: dict, model: type[BaseModel], prefix: tuple = ()) -> str:
+    """One problem of :func:`describe_errors`."""
     loc = tuple(error["loc"])
     where = ".".join(str(part) for part in prefix + loc) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")

@@ -67,6 +67,13 @@ class StepReport:
     checks: int = 0
     error: str = ""
 
+    def add(self, metadata: dict) -> None:
+        """Takes in a sink's materialization metadata (values, not Dagster's wrappers): every
+        sink's carries the step's shared metadata (rows in, phase seconds) and its own ``rows_out``."""
+        self.rows_out += metadata.get("rows_out", 0)
+        self.rows_in = sum(v for k, v in metadata.items() if k.startswith("rows_in/"))
+        self.phases = {k.removeprefix("seconds/"): v for k, v in metadata.items() if k.startswith("seconds/")}
+
     def line(self) -> str:
         if not self.succeeded:
             return f"step {self.step} FAILED after {self.seconds:.1f} s: {self.error}"
@@ -153,7 +160,7 @@ def run_demo(
         for request in result.dynamic_partitions_requests or []:
             instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
         for request in result.run_requests or []:
-            report = _run_step(step_job, instance, request, _events(root, int(request.partition_key)), progress)
+            report = _run_step(step_job, instance, request, events_of(root, int(request.partition_key)), progress)
             progress.line(report.line())
             reports.append(report)
     dead_letters = dead_letters_note(root, spec.sources, spec.max_dead_letter_share)
@@ -164,7 +171,7 @@ def run_demo(
         return _check_views(pipeline, spec, reports, dead_letters)
 
 
-def _events(root: str, step: int) -> tuple[int, int]:
+def events_of(root: str, step: int) -> tuple[int, int]:
     """The demo events of ``step``: the records of every step before it, up to its own."""
     counts = {s: sum(r.end - r.start for r in ranges) for s, ranges in DivisionLog(root).all().items()}
     first = sum(n for s, n in counts.items() if s < step)
@@ -221,10 +228,7 @@ def step_report(step: int, events: tuple[int, int], outcome, seconds: float) -> 
     step's shared metadata (rows in, phase seconds) and its own ``rows_out``."""
     report = StepReport(step, events, outcome.success, seconds)
     for event in outcome.get_asset_materialization_events():
-        metadata = {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
-        report.rows_out += metadata.get("rows_out", 0)
-        report.rows_in = sum(v for k, v in metadata.items() if k.startswith("rows_in/"))
-        report.phases = {k.removeprefix("seconds/"): v for k, v in metadata.items() if k.startswith("seconds/")}
+        report.add({k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()})
     failures = [e for e in outcome.all_events if e.is_step_failure]
     if failures:
         report.error = cause(failures[0].step_failure_data.error)

@@ -3,15 +3,19 @@ multi-asset, the Kafka offset sensor, and its maintenance jobs."""
 
 import json
 import logging
+import time
+from dataclasses import dataclass
 
 from dagster import (
     AssetCheckResult,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
+    AssetMaterialization,
     AssetSpec,
     BackfillPolicy,
     Config,
+    DagsterRunStatus,
     DefaultSensorStatus,
     Definitions,
     DynamicPartitionsDefinition,
@@ -19,6 +23,7 @@ from dagster import (
     MetadataValue,
     OpExecutionContext,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -30,6 +35,7 @@ from dagster import (
     op,
     sensor,
 )
+from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from gateway.control import call, require_running
 from sensors.division import DivisionPolicy, cut_next
@@ -163,13 +169,8 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
                 f"{spec.name}: configured for {spec.workers} workers, but its state's layout has {layout.workers}; "
                 f"materialize {spec.name}/layout with workers: {spec.workers} to change it"
             )
-        shared = step_metadata(pipeline, first, last, ran)
-        for name, key in keys.items():
-            rows_out = inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)
-            current = view_metadata(pipeline.root, name) if name in spec.views else {}
-            yield MaterializeResult(
-                asset_key=key, metadata={**shared, "rows_out": MetadataValue.int(rows_out), **current}
-            )
+        for name, metadata in sink_metadata(spec, pipeline, first, last, ran).items():
+            yield MaterializeResult(asset_key=keys[name], metadata=metadata)
         sets = {name: name not in spec.bags for name in keys}
         rates = dead_letter_rates(pipeline.root, spec.sources, first, last)
         loud = [r for r in rates if r.too_high(spec.max_dead_letter_share)]
@@ -177,6 +178,43 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         yield from check_results(keys, inspect.check_outputs(pipeline.outputs, sets, first, last), dead)
 
     return steps
+
+
+def sink_metadata(spec: PipelineSpec, pipeline: Pipeline, first: int, last: int, ran: range) -> dict[str, dict]:
+    """Per sink, its materialization's metadata for steps ``first..=last``: the steps' own
+    (:func:`~.metadata.step_metadata`), the rows the sink's changes have, and its view's."""
+    shared = step_metadata(pipeline, first, last, ran)
+    return {
+        name: {
+            **shared,
+            "rows_out": MetadataValue.int(inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)),
+            **(view_metadata(pipeline.root, name) if name in spec.views else {}),
+        }
+        for name in spec.sink_names
+    }
+
+
+def record_committed(instance, spec: PipelineSpec, pipeline: Pipeline, ran: range, by: str) -> dict[str, dict]:
+    """Records steps ``ran`` (one checkpoint) that ``by`` committed outside the step assets
+    (a command, a maintenance job) as materializations of every sink's step partition, so
+    that Dagster shows them as materialized as it shows the steps its step runs committed.
+    Returns the metadata recorded (see :func:`sink_metadata`; none when nothing ran)."""
+    if not ran:
+        return {}
+    partitions = f"{spec.name}_steps"
+    existing = set(instance.get_dynamic_partitions(partitions))
+    instance.add_dynamic_partitions(partitions, [step_key(s) for s in ran if step_key(s) not in existing])
+    metadata = sink_metadata(spec, pipeline, ran.start, ran.stop - 1, ran)
+    for step in ran:
+        for name, values in metadata.items():
+            instance.report_runless_asset_event(
+                AssetMaterialization(
+                    AssetKey([spec.name, name]),
+                    partition=step_key(step),
+                    metadata={**values, "committed_by": MetadataValue.text(by)},
+                )
+            )
+    return metadata
 
 
 def _check_description(is_set: bool) -> str:
@@ -287,16 +325,72 @@ def evaluate_sensor(
     position = status(root)
     existing = set(instance.get_dynamic_partitions(partitions.name))
     new = [step_key(s) for s in range(position.divided_step) if step_key(s) not in existing]
-    requests = [
-        RunRequest(run_key=f"{spec.name}:{step_key(s)}", partition_key=step_key(s), tags={PIPELINE_TAG: spec.name})
-        for s in range(position.committed_step, position.divided_step)
-    ]
+    attempts = [_attempt(spec, instance, s) for s in range(position.committed_step, position.divided_step)]
+    retried = [a for a in attempts if a.failures]  # a run of theirs ended in failure
+    for attempt in retried:
+        (log or logging.getLogger(__name__)).warning(f"{spec.name}: {attempt.describe()}")
+    requests = [a.request(spec) for a in attempts if a.wait == 0]
+    waiting = [a.describe() for a in attempts if a.wait > 0]
     return SensorResult(
         run_requests=requests,
-        skip_reason=None if requests else cut.reason,
+        skip_reason=None if requests else "; ".join(waiting) or cut.reason,
         dynamic_partitions_requests=[partitions.build_add_request(new)] if new else [],
         cursor=str(position.divided_step),
     )
+
+
+FAILURES_TAG = "dbsp/failures"
+"""A step run's tag: how many runs of its step failed before it."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The next run of an uncommitted step.  ``ended``: runs of its partition that ended
+    (each attempt has a run key of its own, ``<pipeline>:<step>`` then ``:retry<ended>``,
+    since Dagster runs a run key once; a run in progress keeps the key it was requested
+    with, and Dagster skips it); ``failures``: those that failed or were canceled; ``wait``:
+    seconds left of the back-off after the last failure, ``retry_backoff_seconds`` doubled
+    per failure up to ``retry_backoff_max_seconds`` (0: the run is due)."""
+
+    step: int
+    ended: int
+    failures: int
+    wait: float
+    running: bool = False
+    """Whether a run of the step is queued or in progress (requested again all the same: a
+    run a tick created but did not launch is launched so)."""
+
+    def request(self, spec: PipelineSpec) -> RunRequest:
+        return RunRequest(
+            run_key=f"{spec.name}:{step_key(self.step)}" + (f":retry{self.ended}" if self.ended else ""),
+            partition_key=step_key(self.step),
+            tags={PIPELINE_TAG: spec.name, FAILURES_TAG: str(self.failures)},
+        )
+
+    def describe(self) -> str:
+        when = (
+            "the next attempt is under way"
+            if self.running
+            else f"requesting it again in {self.wait:.0f} s"
+            if self.wait > 0
+            else "requesting it again now"
+        )
+        return f"step {self.step}: {self.failures} run(s) failed; {when} (attempt {self.failures + 1})"
+
+
+FAILED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+
+
+def _attempt(spec: PipelineSpec, instance, step: int) -> Attempt:
+    runs = instance.get_run_records(
+        RunsFilter(job_name=f"{spec.name}_step_job", tags={PARTITION_NAME_TAG: step_key(step)})
+    )  # newest first
+    ended = [r for r in runs if r.dagster_run.is_finished]
+    failed = [r for r in ended if r.dagster_run.status in FAILED]
+    if not failed or not runs[0].dagster_run.is_finished:
+        return Attempt(step, len(ended), len(failed), 0.0, running=bool(runs) and not runs[0].dagster_run.is_finished)
+    backoff = min(spec.retry_backoff_seconds * 2 ** (len(failed) - 1), spec.retry_backoff_max_seconds)
+    return Attempt(step, len(ended), len(failed), max((failed[0].end_time or 0) + backoff - time.time(), 0.0))
 
 
 class RescaleConfig(Config):
@@ -368,9 +462,11 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
         kafka: KafkaResource,
     ):
         pipeline = open_pipeline(spec, spark, store)
-        recovery = pipeline.recover(kafka.source(spec).read, _holder(context, spec), config.break_lease)
+        holder = _holder(context, spec)
+        recovery = pipeline.recover(kafka.source(spec).read, holder, config.break_lease)
         if config.break_lease:
             context.log.warning(f"broke the lease of {recovery.broken}")
+        record_committed(context.instance, spec, pipeline, recovery.ran, f"run {holder.name}")
         context.log.info(f"recovered: ran steps {list(recovery.ran)}; next step {recovery.next_step}")
 
     @op(name=f"{spec.name}_status_op")

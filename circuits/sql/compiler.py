@@ -129,8 +129,35 @@ def compile_sql(
     compiler.analyses.save()
     compiler.circuit.declaring = None
     if not compiler.circuit.outputs:
-        raise SqlError(f"{file}: no CREATE MATERIALIZED VIEW; a views file needs at least one")
+        raise _no_output(file)
     return compiler.circuit
+
+
+def compile_errors(
+    text: str, schemas: Mapping[str, T.StructType | str], spark: SparkSession, file: str
+) -> list[SqlError]:
+    """The error of every view of ``text`` that does not compile (:func:`compile_sql` raises
+    the first), each naming the file, line and view; a view that reads one of them is not
+    compiled (its error would be that one's).  Spark analyses each view afresh."""
+    views = parse_views(text, file)
+    compiler = _Compiler(Circuit("check"), {k.lower(): parse_schema(v) for k, v in schemas.items()}, spark, Analyses())
+    errors, failed = [], set()
+    for view in views:
+        if read_tables(view.query) & failed:
+            failed.add(view.name.lower())
+            continue
+        try:
+            compiler.view(view)
+        except SqlError as e:
+            errors.append(e)
+            failed.add(view.name.lower())
+    if not any(v.materialized for v in views):
+        errors.append(_no_output(file))
+    return errors
+
+
+def _no_output(file: str) -> SqlError:
+    return SqlError(f"{file}: no CREATE MATERIALIZED VIEW; a views file needs at least one")
 
 
 class _Compiler:

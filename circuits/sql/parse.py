@@ -122,6 +122,27 @@ def parse_views(text: str, file: str = "<sql>") -> list[View]:
     return _in_dependency_order(views)
 
 
+def parse_errors(text: str, file: str = "<sql>") -> list[SqlError]:
+    """Every error of ``text``: each statement's that does not parse (:func:`parse_views`
+    raises the first), else the file's own (two views of one name, a cycle)."""
+    try:
+        statements = _statements(text, file)
+    except SqlError as e:
+        return [e]
+    errors = []
+    for statement, line in statements:
+        try:
+            _view(statement, line, file)
+        except SqlError as e:
+            errors.append(e)
+    if not errors:
+        try:
+            parse_views(text, file)
+        except SqlError as e:
+            errors.append(e)
+    return errors
+
+
 def _statements(text: str, file: str) -> list[tuple[str, int]]:
     """Each statement's text (blank lines in front, so that positions are the file's) and line."""
     try:

@@ -124,6 +124,26 @@ def test_an_unknown_sink_fails_when_the_configuration_loads_without_spark():
     assert "sinks: ['totalz'] are not outputs of the circuit; its outputs are ['totals']" in out, out
 
 
+MISSING_COMMA = """
+import sys
+from dagster_project.config import ConfigError, parse_project
+settings = {"pipelines": [{"name": "shop", "sql": sys.argv[1], "sources": {"customers": "c"},
+                           "schemas": {"customers": "id BIGINT name STRING, country STRING"}}]}
+try:
+    parse_project(settings, "dbsp.yaml")
+except ConfigError as e:
+    print(e)
+"""
+
+
+def test_a_missing_comma_in_a_schema_is_blamed_on_the_schema_when_loading_without_spark(tmp_path):
+    sql = tmp_path / "shop.sql"
+    sql.write_text("CREATE MATERIALIZED VIEW named AS SELECT id, name FROM customers;\n")
+    out = python_without_spark(MISSING_COMMA, str(sql))
+    assert "pipelines.0.schemas: customers: 'id BIGINT name STRING, country STRING' is not a Spark DDL schema" in out
+    assert "'id BIGINT name STRING' is two columns: a comma is missing" in out and "shop.sql" not in out, out
+
+
 def test_the_example_configuration_is_valid(spark):
     project = load_project("dbsp.example.yaml")
     assert [p.name for p in project.pipelines] == ["nexmark", "revenue"]

@@ -6,7 +6,7 @@ from collections import Counter
 from dagster import job, op
 
 from dagster_project.commands import _demo_summary
-from dagster_project.demo import DemoResult, StepReport, _events, step_report
+from dagster_project.demo import DemoResult, StepReport, events_of, step_report
 from storage.errors import InputTimeoutError
 from storage.logs import DivisionLog, Range
 
@@ -48,7 +48,7 @@ def test_each_step_has_its_own_events_after_a_recovery(tmp_path):
     log.record(0, [Range("t.bids", 0, 0, 60), Range("t.persons", 0, 0, 40)])
     log.record(1, [Range("t.bids", 0, 60, 100)])  # divided, not run: a later tick runs 1 and 2 together
     log.record(2, [Range("t.bids", 0, 100, 130), Range("t.persons", 0, 40, 50)])
-    assert [_events(str(tmp_path), s) for s in range(3)] == [(0, 100), (100, 140), (140, 180)]
+    assert [events_of(str(tmp_path), s) for s in range(3)] == [(0, 100), (100, 140), (140, 180)]
 
 
 def test_a_failed_demo_stops_without_checking_q4_and_says_where_the_trace_is():

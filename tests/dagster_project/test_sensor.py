@@ -3,14 +3,19 @@ and requesting its run, every offset ends up in exactly one step, steps have no 
 and every recorded step is requested."""
 
 import os
+import re
+import time
 from collections import Counter
 
 import pytest
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus
+from dagster._core.test_utils import create_run_for_test
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dagster_project.factory import FAILURES_TAG
 from storage.faults import InjectedCrash
+from storage.lease import Lease
 from storage.logs import DivisionLog
 from storage.pipeline import status
 
@@ -75,3 +80,58 @@ def test_every_offset_is_in_exactly_one_step(broker, spark_resource, tmp_path_fa
             ends[(r.source, r.partition)] = r.end
     assert +ends == +produced  # every offset, exactly once
     assert requested == {f"{s:010d}" for s in divisions}  # every step requested, crash or not
+
+
+def failed_partitions(h: Harness, sink: str = "bids_by_category") -> set[str]:
+    """The step partitions Dagster's UI shows as failed: the last attempt has no materialization."""
+    storage = h.instance.event_log_storage
+    return set(
+        storage.get_latest_asset_partition_materialization_attempts_without_materializations(AssetKey([h.name, sink]))
+    )
+
+
+@pytest.mark.slow
+def test_a_failed_step_is_requested_again_after_a_back_off_and_a_step_committed_outside_shows_as_materialized(
+    broker, spark_resource, tmp_path
+):
+    h = Harness(tmp_path, broker.bootstrap, DagsterInstance.ephemeral(), spark=spark_resource, retry_backoff_seconds=3)
+    h.produce(30)
+    [first] = h.tick().run_requests
+    assert first.run_key == f"{h.name}:0000000000"
+    # The cause: another run of the pipeline holds its lease (and lease_wait_seconds is 0).
+    other = create_run_for_test(h.instance, job_name="another", status=DagsterRunStatus.STARTED).run_id
+    lease = Lease(h.root)
+    lease.acquire(other)
+    assert not h.run(0).success
+    assert failed_partitions(h) == {"0000000000"}
+
+    waiting = h.tick()
+    assert not waiting.run_requests
+    assert re.fullmatch(
+        r"step 0: 1 run\(s\) failed; requesting it again in [23] s \(attempt 2\)", waiting.skip_reason.skip_message
+    )
+    time.sleep(3)
+    [retry] = h.tick().run_requests
+    assert retry.run_key == f"{h.name}:0000000000:retry1"  # a run key Dagster has not run
+    assert retry.partition_key == "0000000000" and retry.tags[FAILURES_TAG] == "1"
+
+    lease.break_()  # the cause fixed
+    assert h.run(0).success
+    assert not failed_partitions(h)
+    h.produce(10)
+    [second] = h.tick().run_requests
+    assert second.run_key == f"{h.name}:0000000001"
+    lease.acquire(other)
+    assert not h.run(1).success
+    assert failed_partitions(h) == {"0000000001"}
+    # Committed by the recover job (as by `dbsp recover`), not by a step run: recorded as
+    # materialized, not failed.
+    lease.break_()
+    assert h.defs.resolve_job_def(f"{h.name}_recover").execute_in_process(instance=h.instance).success
+    assert status(h.root).committed_step == 2
+    assert not failed_partitions(h)
+    assert h.instance.get_materialized_partitions(AssetKey([h.name, "bids_by_category"])) == {
+        "0000000000",
+        "0000000001",
+    }
+    assert not h.tick().run_requests
