@@ -450,12 +450,17 @@ def demo_settings() -> dict:
     }
 
 
+def config_path() -> str | None:
+    """The configuration file :func:`load_project` reads by default (None: the built-in demo)."""
+    return os.environ.get(CONFIG_ENV) or ("dbsp.yaml" if os.path.exists("dbsp.yaml") else None)
+
+
 def load_project(path: str | None = None, circuits: bool = True) -> ProjectSpec:
     """The project's pipelines from ``path`` (default: ``$DBSP_CONFIG``, then ``./dbsp.yaml``,
     then the built-in Nexmark demo).  ``circuits=False`` checks no pipeline's circuit
     against its sources and sinks, for a reader of the topics alone (``dbsp gateway``)."""
     named = path or (f"{CONFIG_ENV}={os.environ[CONFIG_ENV]}" if os.environ.get(CONFIG_ENV) else None)
-    path = path or os.environ.get(CONFIG_ENV) or ("dbsp.yaml" if os.path.exists("dbsp.yaml") else None)
+    path = path or config_path()
     if path is None:
         return parse_project(demo_settings(), "the built-in demo configuration", circuits=circuits)
     try:

@@ -44,6 +44,8 @@ from dagster._core.storage.dagster_run import DagsterRun
 from dagster._grpc.impl import core_execute_run
 from dagster._utils.hosted_user_process import recon_job_from_origin
 
+from circuits.errors import DbspError
+
 WORKER_FILE = "step_worker.json"
 WORKER_TAG = "dbsp/step_worker"
 TIMEOUT = 10.0  # seconds for the worker to answer a request (it answers at once)
@@ -113,16 +115,30 @@ class StepWorkerLauncher(DefaultRunLauncher):
         run = context.dagster_run
         address = read_address(self._instance.root_directory)
         if address is not None:
-            self._instance.add_run_tags(run.run_id, {WORKER_TAG: address.id})
             try:
-                request(address, {"launch": run.run_id})
-                return
+                answer = request(address, {"launch": run.run_id})
             except OSError as e:
-                reason = f"the step worker (pid {address.pid}) did not take it: {e}"
+                answer = {"refused": f"the step worker (pid {address.pid}) did not take it: {e}"}
+            if "refused" not in answer:
+                self._instance.add_run_tags(run.run_id, {WORKER_TAG: address.id})
+                return
+            reason = answer["refused"]
         else:
             reason = f"no step worker runs for {self._instance.root_directory} (`dbsp dev` starts one)"
         self._instance.report_engine_event(f"Launching the run in a new process: {reason}.", run, cls=type(self))
         super().launch_run(context)
+
+    def terminate(self, run_id: str) -> bool:
+        run = self._instance.get_run_by_id(run_id)
+        if run is None or WORKER_TAG not in run.tags:
+            return super().terminate(run_id)
+        self._instance.report_engine_event(
+            "A run in the resident step worker ends with its step: it cannot be terminated before "
+            "(the UI's force termination marks it canceled at once).",
+            run,
+            cls=type(self),
+        )
+        return False
 
     @property
     def supports_check_run_worker_health(self) -> bool:
@@ -137,8 +153,7 @@ class StepWorkerLauncher(DefaultRunLauncher):
             return CheckRunHealthResult(
                 WorkerStatus.FAILED,
                 f"the step worker running it (pid {pid}) is gone: it was killed or ran out of memory. "
-                "Its steps were not committed; `dbsp dev` starts a new worker, and the pipeline's next run "
-                "runs them again",
+                "`dbsp dev` starts a new worker; the pipeline's next run runs the steps this one did not commit",
             )
         address = read_address(self._instance.root_directory)
         try:
@@ -152,16 +167,50 @@ class StepWorkerLauncher(DefaultRunLauncher):
         return CheckRunHealthResult(WorkerStatus.RUNNING if answer["status"] == "running" else WorkerStatus.SUCCESS)
 
 
-class StepWorker:
-    """The worker's side: executes each run it is handed in a thread of its own."""
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
-    def __init__(self, instance: DagsterInstance) -> None:
+
+def definition_files() -> dict[str, int | None]:
+    """The files the code location's definitions are built from (the configuration and the
+    pipelines' SQL files), with their modification times."""
+    from .config import config_path, load_project
+
+    paths = [config_path()]
+    with contextlib.suppress(DbspError):  # a broken configuration: watch the file alone
+        paths += [spec.sql for spec in load_project(circuits=False).pipelines]
+    return {path: _mtime(path) for path in paths if path}
+
+
+class StepWorker:
+    """The worker's side: executes each run it is handed in a thread of its own.  The
+    definitions are loaded once; once a file they are built from (``watched``, see
+    :func:`definition_files`) changes, the worker refuses new runs (the launcher starts
+    them in new processes) and ends when its runs have, for ``dbsp dev`` to start a new one."""
+
+    def __init__(self, instance: DagsterInstance, watched: dict[str, int | None]) -> None:
         self.instance = instance
+        self.watched = watched
+        self.retiring: str | None = None
         self._runs: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
 
+    def _changed(self) -> str | None:
+        changed = [path for path, mtime in self.watched.items() if _mtime(path) != mtime]
+        return f"{changed[0]} changed since the step worker loaded the definitions" if changed else None
+
+    def busy(self) -> bool:
+        with self._lock:
+            return any(thread.is_alive() for thread in self._runs.values())
+
     def answer(self, message: dict) -> dict:
         if "launch" in message:
+            self.retiring = self.retiring or self._changed()
+            if self.retiring:
+                return {"refused": f"the step worker is restarting: {self.retiring}"}
             run_id = message["launch"]
             thread = threading.Thread(target=self.execute, args=(run_id,), name=f"run-{run_id[:8]}", daemon=True)
             with self._lock:
@@ -193,9 +242,13 @@ class StepWorker:
                 pass
 
     def serve(self, server: socket.socket) -> None:
-        """Answers requests on ``server`` until the process ends."""
-        while True:
-            conn, _ = server.accept()
+        """Answers requests on ``server`` until the worker retires and its runs have ended."""
+        server.settimeout(1.0)
+        while not (self.retiring and not self.busy()):
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
             with conn:
                 conn.settimeout(TIMEOUT)
                 try:
@@ -218,7 +271,10 @@ def listen(dagster_home: str) -> socket.socket:
 
 
 def main() -> int:
+    from .factory import keep_pipelines_open  # the worker's own imports: Spark and the engine
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    keep_pipelines_open()
     with DagsterInstance.get() as instance:
         server = listen(instance.root_directory)
         # Loaded now, the first run finds the definitions imported (a failure is the run's to report).
@@ -227,8 +283,11 @@ def main() -> int:
         except Exception as e:
             log.warning("step worker: could not preload %s: %s", PRELOAD, e)
         log.info("step worker (pid %d) serving %s", os.getpid(), instance.root_directory)
+        worker = StepWorker(instance, definition_files())
         with contextlib.suppress(KeyboardInterrupt):
-            StepWorker(instance).serve(server)
+            worker.serve(server)
+        if worker.retiring:
+            log.info("step worker (pid %d) ends: %s", os.getpid(), worker.retiring)
     return 0
 
 

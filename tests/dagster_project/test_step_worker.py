@@ -3,15 +3,18 @@ execute in its one long-lived process; a step committed by another process in be
 seen; the worker killed mid-step fails its run with that cause, ``dbsp dev`` starts a new
 one, and the next run recovers the step, nothing lost or duplicated."""
 
+import inspect
 import json
 import os
 import re
 
 import pytest
 from dagster import DagsterEventType, DagsterInstance
+from dagster._cli import api
 from dagster._core.instance.ref import InstanceRef
+from dagster._grpc.impl import core_execute_run
 
-from dagster_project.step_worker import WORKER_FILE, WORKER_TAG, process_start
+from dagster_project.step_worker import WORKER_FILE, WORKER_TAG, StepWorker, process_start
 from storage.lease import Holder
 from storage.pipeline import status
 
@@ -85,3 +88,27 @@ def test_steps_run_in_the_resident_worker_which_recovers_from_its_death(spark, s
         assert final == "SUCCESS" and executed_by(instance, run_id) == new_pid
         assert status(served.root).committed_step == CRASH_STEP + 1
         assert integral(served.pipeline(spark).outputs.read("bids_by_category", 0, 10**9)) == served.expected_revenue()
+
+
+def test_the_worker_executes_a_run_the_way_dagsters_own_run_worker_does():
+    """The worker calls Dagster's private run-execution functions (imported by
+    :mod:`dagster_project.step_worker`, so a move fails this module's import): the body of
+    ``dagster api execute_run`` must still reconstruct the job from the run's origin and
+    execute it with ``core_execute_run``, whose parameters the worker passes by name."""
+    body = inspect.getsource(api._execute_run_command_body)
+    assert "recon_job_from_origin(" in body and "core_execute_run(" in body
+    parameters = inspect.signature(core_execute_run).parameters
+    assert list(parameters)[:4] == ["recon_job", "dagster_run", "instance", "inject_env_vars"]
+
+
+def test_a_worker_whose_definitions_changed_refuses_runs_and_ends_when_its_runs_have(tmp_path):
+    config = tmp_path / "dbsp.yaml"
+    config.write_text("pipelines: []\n")
+    worker = StepWorker(None, {str(config): os.stat(config).st_mtime_ns})
+    assert worker._changed() is None
+    os.utime(config, ns=(0, 0))  # edited since the worker loaded the definitions
+    refused = worker.answer({"launch": "a-run"})
+    assert refused == {
+        "refused": f"the step worker is restarting: {config} changed since the step worker loaded the definitions"
+    }
+    assert worker.retiring and not worker.busy()  # so serve() returns and the process ends
