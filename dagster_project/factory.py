@@ -66,7 +66,9 @@ def build_definitions(project: ProjectSpec) -> Definitions:
     return Definitions.merge(
         *(build_pipeline(spec, gateway_topics) for spec in project.pipelines),
         *gateway,
-        Definitions(resources=build_resources(project)),
+        # The implicit asset job (a backfill's, the UI's "Materialize") runs in the run's own
+        # process too, not in a new process per step as Dagster's default executor would.
+        Definitions(resources=build_resources(project), executor=in_process_executor),
     )
 
 

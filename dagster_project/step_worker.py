@@ -232,14 +232,18 @@ class StepWorker:
         if run is None or run.job_code_origin is None:
             log.error("run %s: not found, or it has no code origin", run_id)
             return
-        recon_job = recon_job_from_origin(cast(JobPythonOrigin, run.job_code_origin))
         instance.report_engine_event(
             f"Started in the resident step worker (pid: {os.getpid()}).", run, EngineEventData.in_process(os.getpid())
         )
-        # core_execute_run writes a failure to the run's events before it raises.
-        with contextlib.suppress(Exception):
+        try:
+            recon_job = recon_job_from_origin(cast(JobPythonOrigin, run.job_code_origin))
             for _event in core_execute_run(recon_job, run, instance, inject_env_vars=True):
                 pass
+        except Exception as e:
+            # core_execute_run reports its own failures before it raises; this covers the rest.
+            run = instance.get_run_by_id(run_id)
+            if run is not None and not run.is_finished:
+                instance.report_run_failed(run, f"the step worker could not execute the run: {e!r}")
 
     def serve(self, server: socket.socket) -> None:
         """Answers requests on ``server`` until the worker retires and its runs have ended."""
