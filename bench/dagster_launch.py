@@ -1,21 +1,25 @@
-"""Launch to success of demo step runs in ``dagster dev``, as a user runs them, against a
-Spark-free run launched by the same ``dagster dev``.
+"""Launch to success of demo step runs under ``dbsp dev`` (executed by its resident step
+worker), against the engine's own time for the same step.
 
 ``dbsp dev`` serves the Nexmark demo from a temporary directory (its own Dagster home,
-embedded broker and embedded Spark Connect server on free ports).  For each size in
-``--events``, the bench produces that many events to the broker, the offset sensor cuts
-a step and launches its run, and the bench waits for it; ``--warmup`` steps of the
-first size come first, unrecorded (the server starts cold).  After each step it launches
-the pipeline's status job (no Spark) through the webserver's GraphQL API: the peer,
-Dagster's own cost of a run.  For every run, from the instance's run records: queue
-wait (created to started) and run (started to ended); launch to success is their sum.
+embedded broker and embedded Spark Connect server on free ports, and the step worker).
+For each size in ``--events``, the bench produces that many events to the broker, the
+offset sensor cuts a step and launches its run, and the bench waits for it; ``--warmup``
+steps of the first size come first, unrecorded (the server and the worker start cold).
+For every run, from the instance's run records: queue wait (created to started) and run
+(started to ended); launch to success is their sum.  The engine's time is the step's own
+phases, as the run's materialization reports them (``seconds/*``: ingest, compute and
+write, commits), measured inside the warm worker: launch to success minus it is what
+Dagster and the launch add.  The worker's resident memory (VmRSS) is read after the
+warm-up and at the end.
 
-    python bench/dagster_launch.py --events 1000 5000 --steps 3 --warmup 3
+    python bench/dagster_launch.py --events 1000 --steps 5 --warmup 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -30,9 +34,8 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.instance.ref import InstanceRef
-from dagster_graphql import DagsterGraphQLClient
 
 from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
@@ -40,6 +43,7 @@ from circuits.spark import stop_connect_server
 from dagster_project.config import demo_settings, parse_project
 from dagster_project.demo_producer import produce_events
 from dagster_project.resources import KafkaResource
+from dagster_project.step_worker import WORKER_FILE
 from sensors.broker import stop_local_broker
 
 PIPELINE = "nexmark"
@@ -92,7 +96,6 @@ class Served:
             start_new_session=True,
         )
         self._wait_for_webserver()
-        self.client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
         self.instance = DagsterInstance.from_ref(InstanceRef.from_dir(os.path.join(self.env["DBSP_HOME"], "dagster")))
 
     def _wait_for_webserver(self) -> None:
@@ -114,10 +117,12 @@ class Served:
         produce_events(self.kafka.source(self.spec), records_of, events, seed=0)
         return self._finished(f"{PIPELINE}_step_job", seen)
 
-    def status_run(self) -> dict:
-        seen = self._runs(f"{PIPELINE}_status")
-        self.client.submit_job_execution(f"{PIPELINE}_status")
-        return self._finished(f"{PIPELINE}_status", seen)
+    def worker_rss(self) -> int:
+        """The step worker's resident memory, in bytes."""
+        with open(os.path.join(self.env["DBSP_HOME"], "dagster", WORKER_FILE)) as f:
+            pid = json.load(f)["pid"]
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
     def _runs(self, job: str) -> set[str]:
         return {r.dagster_run.run_id for r in self.instance.get_run_records(RunsFilter(job_name=job))}
@@ -133,9 +138,15 @@ class Served:
             if new and new[0].dagster_run.status == DagsterRunStatus.SUCCESS:
                 record = new[0]
                 queued = record.start_time - record.create_timestamp.timestamp()
-                return {"queue": queued, "run": record.end_time - record.start_time}
+                return {"queue": queued, "run": record.end_time - record.start_time, "engine": self._engine(record)}
             time.sleep(0.2)
         raise RuntimeError(f"no run of {job} succeeded within {TIMEOUT:g} s; see {self.log.name}")
+
+    def _engine(self, record) -> float:
+        """The step's own seconds, from the run's first materialization's ``seconds/*``."""
+        entry = self.instance.all_logs(record.dagster_run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)[0]
+        metadata = entry.asset_materialization.metadata
+        return sum(value.value for key, value in metadata.items() if key.startswith("seconds/"))
 
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGINT)
@@ -149,11 +160,13 @@ class Served:
 
 
 def line(name: str, samples: list[dict]) -> str:
-    queue, run = (statistics.median(s[k] for s in samples) for k in ("queue", "run"))
+    queue, run, engine = (statistics.median(s[k] for s in samples) for k in ("queue", "run", "engine"))
     totals = sorted(s["queue"] + s["run"] for s in samples)
+    ratio = statistics.median((s["queue"] + s["run"]) / s["engine"] for s in samples)
     return (
-        f"{name:28s} queue {queue:5.2f} s + run {run:6.2f} s = launch to success {queue + run:6.2f} s"
-        f" (each {totals[0]:.2f}..{totals[-1]:.2f})"
+        f"{name:22s} queue {queue:5.2f} s + run {run:6.2f} s = launch to success {queue + run:6.2f} s"
+        f" (each {totals[0]:.2f}..{totals[-1]:.2f}); engine {engine:.2f} s; launch to success - engine"
+        f" {queue + run - engine:.2f} s; launch to success / engine {ratio:.2f}x"
     )
 
 
@@ -171,14 +184,16 @@ def main() -> None:
     try:
         for _ in range(args.warmup):
             served.step(args.events[0])
-        statuses = []
+        runs, rss = args.warmup, served.worker_rss()
         for events in args.events:
-            steps = []
-            for _ in range(args.steps):
-                steps.append(served.step(events))
-                statuses.append(served.status_run())
+            steps = [served.step(events) for _ in range(args.steps)]
             lines.append(line(f"step run, {events} events", steps))
-        lines.append(line("status run (no Spark), peer", statuses))
+            runs += args.steps
+        last = served.worker_rss()
+        lines.append(
+            f"step worker memory: {last / 2**20:.0f} MiB after {runs} runs"
+            f" / {rss / 2**20:.0f} MiB after {args.warmup}: {last / rss:.2f}x"
+        )
     finally:
         served.stop()
     print("\n".join(lines))

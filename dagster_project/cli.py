@@ -33,6 +33,15 @@ run_queue:
       limit: 1
 telemetry:
   enabled: false
+# Runs execute in the resident step worker that `dbsp dev` starts beside the code server
+# (dagster_project/step_worker.py); run monitoring fails a run whose worker died.
+run_launcher:
+  module: dagster_project.step_worker
+  class: StepWorkerLauncher
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 5
+  max_resume_run_attempts: 0
 """
 EVENT_LOG_YAML = """\
 # Every run's events in one SQLite database, its connections kept open by each process

@@ -324,8 +324,9 @@ def jars(args: argparse.Namespace) -> int:
 
 
 def dev(args: argparse.Namespace) -> int:
-    """``dagster dev`` on this project's workspace with the project's Dagster home, stopped
-    whole by Ctrl-C (see :mod:`dagster_project.devserver`)."""
+    """``dagster dev`` on this project's workspace with the project's Dagster home, and the
+    resident step worker that runs its runs beside it, stopped whole by Ctrl-C (see
+    :mod:`dagster_project.devserver`)."""
     target = ["-w", "workspace.yaml"] if os.path.exists("workspace.yaml") else ["-m", "dagster_project.definitions"]
     if args.config:  # the code servers dagster dev starts read it from the environment
         os.environ[CONFIG_ENV] = os.path.abspath(args.config)
@@ -340,7 +341,9 @@ def dev(args: argparse.Namespace) -> int:
         return 2
     devserver.create_instance(os.environ["DAGSTER_HOME"])
     code = devserver.run(
-        devserver.dagster_dev_command(target, args.dagster_args), say=lambda s: print(s, file=sys.stderr)
+        devserver.dagster_dev_command(target, args.dagster_args),
+        say=lambda s: print(s, file=sys.stderr),
+        beside=None if "--help" in args.dagster_args else devserver.step_worker_command(),
     )
     if code == devserver.INTERRUPTED:
         print(f"dbsp dev: stopped. {_daemons_note(load_project(args.config))}".strip(), file=sys.stderr)

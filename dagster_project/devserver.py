@@ -75,9 +75,15 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
-def run(command: Sequence[str], say: Callable[[str], None]) -> int:
+def step_worker_command() -> list[str]:
+    """The resident step worker (:mod:`dagster_project.step_worker`) from this interpreter."""
+    return [sys.executable, "-m", "dagster_project.step_worker"]
+
+
+def run(command: Sequence[str], say: Callable[[str], None], beside: Sequence[str] | None = None) -> int:
     """Runs ``command`` until it ends or a SIGINT/SIGTERM; returns its exit code (130 when
-    interrupted).  No process of the tree outlives the call by more than GRACE + TERM_GRACE."""
+    interrupted).  ``beside``: a process kept running as long as ``command`` (started again
+    when it dies).  No process of the tree outlives the call by more than GRACE + TERM_GRACE."""
     _become_subreaper()
     stop_at: list[float] = []
     started: list[subprocess.Popen] = []
@@ -99,7 +105,14 @@ def run(command: Sequence[str], say: Callable[[str], None]) -> int:
     try:
         child = subprocess.Popen(command)  # our process group: a terminal's Ctrl-C reaches it too
         started.append(child)
+        if beside:
+            started.append(subprocess.Popen(beside))
+        last_start = time.monotonic()
         while child.poll() is None and not (stop_at and time.monotonic() > stop_at[0]):
+            # At most one start a second: a companion that cannot start does not spin.
+            if beside and not stop_at and started[1].poll() is not None and time.monotonic() > last_start + 1:
+                say(f"dbsp dev: {beside[-1]} exited ({_exit(started[1].returncode)}); starting it again")
+                started[1], last_start = subprocess.Popen(beside), time.monotonic()
             time.sleep(0.1)
     finally:
         for s, handler in previous.items():
@@ -110,6 +123,10 @@ def run(command: Sequence[str], say: Callable[[str], None]) -> int:
         say(f"dbsp dev: terminated {len(left)} process(es) that had not stopped in time")
     code = child.poll()
     return INTERRUPTED if stop_at else (code if code is not None else 1)
+
+
+def _exit(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
 def end_tree(grace: float) -> list[int]:

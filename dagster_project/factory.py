@@ -4,6 +4,8 @@ multi-asset, the Kafka offset sensor, and its maintenance jobs."""
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from dagster import (
@@ -70,7 +72,9 @@ def build_definitions(project: ProjectSpec) -> Definitions:
     return Definitions.merge(
         *(build_pipeline(spec, gateway_topics) for spec in project.pipelines),
         *gateway,
-        Definitions(resources=build_resources(project)),
+        # The implicit asset job (a backfill's, the UI's "Materialize") runs in the run's own
+        # process too, not in a new process per step as Dagster's default executor would.
+        Definitions(resources=build_resources(project), executor=in_process_executor),
     )
 
 
@@ -125,6 +129,42 @@ def open_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource
     )
 
 
+_kept: dict[tuple, tuple] | None = None
+"""The step runs' pipelines this process keeps open between runs (None: it keeps none);
+by (spec, root, session), each with the spec and session that key it, so their ids
+are not reused while kept."""
+
+
+def keep_pipelines_open() -> None:
+    """Makes this process (the resident step worker) keep each pipeline a step run opens for
+    its next step run: its circuit, and its state's open tables, which the next run checks
+    against the latest checkpoint (:meth:`storage.pipeline.Pipeline.open`) rather than
+    opening again.  Runs of one pipeline are one at a time (its lease), so they never share
+    the pipeline at once."""
+    global _kept
+    _kept = {}
+
+
+@contextmanager
+def step_pipeline(spec: PipelineSpec, spark: SparkResource, store: StoreResource) -> Iterator[Pipeline]:
+    """The pipeline for a step run: a new one, or the one kept open (:func:`keep_pipelines_open`).
+    A run that fails lets its kept pipeline go: the next run starts from a new one."""
+    if _kept is None:
+        yield open_pipeline(spec, spark, store)
+        return
+    session, root = spark.session(), store.pipeline_root(spec.name)
+    key = (id(spec), root, id(session))
+    if key not in _kept:
+        _kept[key] = (spec, session, open_pipeline(spec, spark, store))
+    pipeline = _kept[key][2]
+    pipeline.timings.clear()  # the run's metadata shows this run's phases
+    try:
+        yield pipeline
+    except BaseException:
+        _kept.pop(key, None)
+        raise
+
+
 def _holder(context: OpExecutionContext, spec: PipelineSpec) -> Holder:
     """The run as its pipeline's lease holder: it waits ``lease_wait_seconds`` for another
     run, or less when the Dagster run holding the lease has ended."""
@@ -154,8 +194,7 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
     )
     def steps(context: AssetExecutionContext, spark: SparkResource, store: StoreResource, kafka: KafkaResource):
         first, last = (int(k) for k in (context.partition_key_range.start, context.partition_key_range.end))
-        pipeline = open_pipeline(spec, spark, store)
-        with pipeline.lease.held(_holder(context, spec)):
+        with step_pipeline(spec, spark, store) as pipeline, pipeline.lease.held(_holder(context, spec)):
             context.log.info(f"{spec.name}: running steps {first}..{last}")
             ran = pipeline.run_steps(kafka.source(spec).read, first, last)
         context.log.info(

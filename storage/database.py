@@ -38,9 +38,11 @@ from .delta import (
     add_actions,
     apart,
     commit,
+    is_latest,
     paths,
     read_files,
     read_matching,
+    table_identity,
     table_schema,
     write_tables,
 )
@@ -129,6 +131,7 @@ class DeltaStateStore(StateStore):
         self._step = 0
         self._tables: dict[str, int] = {}
         self._opened: dict[str, tuple[int, DeltaTable]] = {}
+        self._identities: dict[str, tuple | None] = {}  # each restored table as created (delta.table_identity)
         self._meta: dict[str, str] = {}
         self.written_outputs: dict[str, WrittenFiles] = {}
         self._pending: dict[str, WrittenFiles] = {}
@@ -249,6 +252,7 @@ class DeltaStateStore(StateStore):
         self._tables.setdefault(name, 0)
         base = self._pinned(name)
         new = self._tables[name] = commit(files, app_id, version, base=base, remove=remove)
+        self._identities.setdefault(name, table_identity(self._uri(name)))
         if new % REOPEN_COMMITS:
             self._opened[name] = (new, base)
         else:
@@ -417,7 +421,20 @@ class DeltaStateStore(StateStore):
     # -- restore ---------------------------------------------------------------------------
 
     def _restore(self, name: str, version: int) -> int:
-        """Makes table ``name`` hold its contents at ``version``; returns its latest version."""
+        """Makes table ``name`` hold its contents at ``version``; returns its latest version.
+
+        A table this store has open at ``version`` that has no later version holds those
+        contents already: it is neither opened again nor restored, so a process that keeps
+        the store open between runs (the step worker) reopens only what another process
+        (or a failed step) wrote since."""
+        cached = self._opened.get(name)
+        if (
+            cached is not None
+            and cached[0] == version
+            and is_latest(self._uri(name), version, self._identities.get(name))
+        ):
+            return version
+        self._identities[name] = table_identity(self._uri(name))
         table = open_table(self._uri(name))
         # Compare contents, not version numbers: a table restored before holds the pinned
         # contents at a later version, and restoring again would only add versions.

@@ -401,6 +401,17 @@ def table_identity(uri: str) -> tuple | None:
     return (uri, first.st_ino, first.st_mtime_ns)
 
 
+def is_latest(uri: str, version: int, identity: tuple | None) -> bool:
+    """Whether local table ``uri``, created as ``identity`` (:func:`table_identity`), has
+    no version after ``version``: Delta writes version ``v + 1`` as the file
+    ``_delta_log/<v + 1>.json``, created atomically, so one ``stat`` answers.  False for a
+    remote table (it is asked nothing)."""
+    path = uri.removeprefix("file://")
+    if "://" in path or identity is None or table_identity(uri) != identity:
+        return False
+    return not os.path.exists(os.path.join(path, "_delta_log", f"{version + 1:020d}.json"))
+
+
 def table_schema(table: DeltaTable) -> T.StructType:
     """A Delta table's schema as a Spark schema."""
     return from_arrow_schema(pa.schema(table.schema().to_arrow()))

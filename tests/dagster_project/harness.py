@@ -153,6 +153,18 @@ LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries { name lo
   locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
 
 
+LAUNCH = """
+mutation($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+  }
+}"""
+RUN = """query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { status } } }"""
+
+
 def graphql(port: int, query: str, variables: dict | None = None) -> dict:
     body = json.dumps({"query": query, "variables": variables or {}}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", body, {"Content-Type": "application/json"})
@@ -175,16 +187,44 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def launch_step(port: int, name: str, step: int) -> tuple[str, str]:
+    """Launches pipeline ``name``'s run of ``step`` as the UI does; returns its id and final status."""
+    launched = graphql(
+        port,
+        LAUNCH,
+        {
+            "params": {
+                "selector": {
+                    "repositoryLocationName": LOCATION,
+                    "repositoryName": "__repository__",
+                    "jobName": f"{name}_step_job",
+                },
+                "executionMetadata": {"tags": [{"key": "dagster/partition", "value": step_key(step)}]},
+            }
+        },
+    )["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_id = launched["run"]["runId"]
+    final = wait_for(
+        lambda: (s := graphql(port, RUN, {"id": run_id})["runOrError"]["status"]) in ("SUCCESS", "FAILURE") and s,
+        300,
+        f"step {step}'s run to finish",
+    )
+    return run_id, final
+
+
 @contextlib.contextmanager
 def dagster_dev(
-    tmp_path, bootstrap: str, name: str, spark: dict | None = None, **settings
+    tmp_path, bootstrap: str, name: str, spark: dict | None = None, env: dict | None = None, **settings
 ) -> Iterator[tuple[int, object]]:
-    """``dagster dev`` (webserver, daemon, code server) serving one pipeline ``name`` with the
-    Dagster home ``dbsp`` writes, until the block ends; yields (port, Dagster home).
+    """``dbsp dev`` (``dagster dev``'s webserver, daemon and code server, and the resident step
+    worker) serving one pipeline ``name`` with the Dagster home ``dbsp`` writes, until the
+    block ends; yields (port, Dagster home).
 
     Without ``spark``, the runs use the embedded Spark Connect server, as ``dbsp dev`` does:
     the first run starts it (pid and log under $DBSP_HOME/spark), the next ones reuse it, and
-    it is stopped at the end.  ``settings`` are the pipeline's (see :func:`project_settings`)."""
+    it is stopped at the end.  ``env``: more environment variables for its processes;
+    ``settings`` are the pipeline's (see :func:`project_settings`)."""
     home = tmp_path / "dagster"
     home.mkdir()
     (home / "dagster.yaml").write_text(dagster_yaml(str(home)))
@@ -194,19 +234,16 @@ def dagster_dev(
     spark = spark or {"embedded_port": spark_port}
     config.write_text(yaml.safe_dump(project_settings(str(tmp_path / "store"), bootstrap, name, spark, **settings)))
     port = free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "DBSP_CONFIG": str(config), "DBSP_HOME": str(tmp_path)}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "DBSP_CONFIG": str(config),
+        "DBSP_HOME": str(tmp_path),
+        **(env or {}),
+    }
     log = open(tmp_path / "webserver.log", "wb")
     server = subprocess.Popen(
-        [
-            os.path.join(os.path.dirname(sys.executable), "dagster"),
-            "dev",
-            "-m",
-            LOCATION,
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-        ],
+        [sys.executable, "-m", "dagster_project.cli", "dev", "-h", "127.0.0.1", "-p", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -226,7 +263,7 @@ def dagster_dev(
         assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
         yield port, home
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # dagster dev and the webserver, daemon and code servers it started
+        os.killpg(server.pid, signal.SIGTERM)  # dbsp dev, and every process it started
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:

@@ -1,14 +1,15 @@
-"""Steps launched the way the UI launches them: GraphQL calls to ``dagster dev`` (webserver
-and daemon, with the Dagster home ``dbsp`` writes), whose runs execute in their own
-processes (own SparkSession) against the test broker."""
+"""Steps launched the way the UI launches them: GraphQL calls to ``dbsp dev`` (webserver
+and daemon, with the Dagster home ``dbsp`` writes), whose runs execute in the resident
+step worker (its own SparkSession) against the test broker."""
 
 import pytest
-from dagster import DagsterInstance
+from dagster import DagsterEventType, DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
+from dagster_project.step_worker import WORKER_TAG
 from storage.pipeline import status
 
-from .harness import LOCATION, Harness, dagster_dev, graphql, integral, wait_for
+from .harness import Harness, dagster_dev, graphql, integral, launch_step, wait_for
 
 BACKFILL = """
 mutation($params: LaunchBackfillParams!) {
@@ -19,16 +20,6 @@ mutation($params: LaunchBackfillParams!) {
     ... on InvalidSubsetError { message }
   }
 }"""
-LAUNCH = """
-mutation($params: ExecutionParams!) {
-  launchRun(executionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on PythonError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}"""
-RUN = """query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { status } } }"""
 
 
 @pytest.fixture
@@ -64,29 +55,11 @@ def test_backfill_and_run_launched_through_graphql(spark, spark_resource, broker
     wait_for(lambda: status(served.root).committed_step == 2, 300, "the backfill to commit steps 0 and 1")
     runs = instance.get_runs()
     assert len(runs) == 1, [r.tags for r in runs]  # one run for the whole range: one checkpoint
+    assert WORKER_TAG in runs[0].tags  # handed to the step worker, which ran its step in its own process
+    assert not instance.all_logs(runs[0].run_id, of_type=DagsterEventType.STEP_WORKER_STARTING)
     assert status(served.root).checkpoint_version == 1
     assert integral(served.pipeline(spark).outputs.read("bids_by_category", 0, 1)) == served.expected_revenue()
 
-    launched = graphql(
-        port,
-        LAUNCH,
-        {
-            "params": {
-                "selector": {
-                    "repositoryLocationName": LOCATION,
-                    "repositoryName": "__repository__",
-                    "jobName": f"{name}_step_job",
-                },
-                "executionMetadata": {"tags": [{"key": "dagster/partition", "value": steps[1]}]},
-            }
-        },
-    )["launchRun"]
-    assert launched["__typename"] == "LaunchRunSuccess", launched
-    run_id = launched["run"]["runId"]
-    final = wait_for(
-        lambda: (s := graphql(port, RUN, {"id": run_id})["runOrError"]["status"]) in ("SUCCESS", "FAILURE") and s,
-        300,
-        "the launched run to finish",
-    )
+    _, final = launch_step(port, name, 1)
     assert final == "SUCCESS"
     assert status(served.root).checkpoint_version == 1  # a committed step again: nothing changed

@@ -4,13 +4,14 @@ recovery and layout changes under the lease, as the CLI and the Dagster jobs cal
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import pytest
 
 from circuits import from_rows, runner
 from circuits.library import word_count
-from storage import delta, logs
+from storage import database, delta, logs
 from storage.errors import LeaseHeldError, StepOrderError
 from storage.faults import InjectedCrash
 from storage.lease import Holder, Lease
@@ -142,3 +143,32 @@ def test_a_rescale_holds_the_lease_for_all_of_a_cold_change_and_only_to_switch_a
     assert Lease(pipeline.root).current().holder == "rescale" and Lease(pipeline.root).current().released
     pipeline.run()  # the last step on the new layout: the same output
     assert totals(pipeline, 2) == totals(reference, 2)
+
+
+def test_a_pipeline_kept_open_reopens_only_what_another_process_wrote_since(spark, tmp_path, reference, monkeypatch):
+    """A process that keeps its pipeline open between runs (the step worker) opens no state
+    table again at the checkpoint it committed itself, but restores what another process
+    wrote after it (a run that died before its checkpoint) and sees what another committed."""
+    root, reader = str(tmp_path / "p"), RowsReader()
+    kept = Pipeline(spark, root, word_count(), workers=2)
+    divide(kept, len(STEPS))
+    assert kept.run_steps(reader, 0, 0) == range(0, 1)
+    opened = []
+    real_open = database.open_table
+    monkeypatch.setattr(database, "open_table", lambda uri, *a: opened.append(uri) or real_open(uri, *a))
+    kept.open()
+    assert opened == [kept.state.checkpoints_uri]
+
+    monkeypatch.setenv("DBSP_FAULT_MODE", "raise")
+    monkeypatch.setenv("DBSP_FAULT", "during_commit:1")  # after step 1's state, before its checkpoint
+    with pytest.raises(InjectedCrash):
+        Pipeline(spark, root, word_count(), workers=2).run_steps(reader, 1, 1)
+    monkeypatch.delenv("DBSP_FAULT")
+    opened.clear()
+    assert kept.run_steps(reader, 1, 1) == range(1, 2)
+    assert any(f"{os.sep}state{os.sep}" in uri for uri in opened)  # the dead run's state was restored away
+
+    assert Pipeline(spark, root, word_count(), workers=2).run_steps(reader, 2, 2) == range(2, 3)
+    kept.open()
+    assert kept.state.get_step() == 3
+    assert totals(kept, 2) == totals(reference, 2)
