@@ -8,7 +8,7 @@ workers) is loaded in step 0 with ``--bids`` bids over ``--bids // 15`` auctions
   ``Pipeline.submit`` then ``Pipeline.run``;
 * a no-op run (``Pipeline.run`` with nothing pending: open the checkpoint, start and stop
   the worker);
-* through Dagster (a temporary sqlite instance, the bundled broker): one bid produced to
+* through Dagster (a temporary sqlite instance, a local Kafka node): one bid produced to
   Kafka, one sensor tick (which cuts the step), then the pipeline's step job executed in
   process for that step; and the step job again for that same, committed step (the
   Dagster no-op floor).  The sensor never cuts a step without records, so there is no

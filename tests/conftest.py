@@ -48,7 +48,8 @@ def spark_resource(request) -> dict:
 
 @pytest.fixture(scope="session")
 def broker():
-    """One local Kafka broker (tansu) for the whole test session (memory-only, gone after)."""
+    """One local Apache Kafka node for the whole test session (its log in a temporary
+    directory, removed after)."""
     from sensors.broker import LocalBroker
 
     with LocalBroker() as local:

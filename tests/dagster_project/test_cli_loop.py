@@ -58,8 +58,7 @@ def shop(name: str, sql: str = "shop.sql", orders: str = ORDERS, customers: str 
 
 
 def write_config(tmp_path, pipelines: list[dict], spark_resource: dict, broker) -> str:
-    """The pipelines on the test session's Spark and broker (given by its address, so with
-    the client settings the bundled broker needs, which the embedded one gets by itself)."""
+    """The pipelines on the test session's Spark and broker (given by its address)."""
     kafka = {"bootstrap_servers": broker.bootstrap}
     settings = {
         "pipelines": pipelines,

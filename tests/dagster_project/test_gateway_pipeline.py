@@ -114,8 +114,6 @@ def test_a_thousand_connections_and_files_land_exactly_once_across_a_gateway_kil
         {"kind": "files", "name": "files", "topic": f"{h.name}.bids", "directory": str(landing), "pattern": "*.jsonl"},
         {"kind": "tcp", "name": "devices", "topic": f"{h.name}.bids", "port": port},
     ]
-    # The test broker is tansu: its watermark counts one message per produced batch.
-    settings["resources"]["kafka"]["config"] = {}
     settings["gateway"] = {"buffers": 2 * (DEVICES + FILES) + 64, "buffer_size": 2048}
     config = tmp_path / "dbsp.yaml"
     config.write_text(yaml.safe_dump(settings))
@@ -275,7 +273,6 @@ def test_a_gateway_killed_before_its_first_flush_leaves_every_line_once_and_in_o
             },
         },
     )
-    h.settings["resources"]["kafka"]["config"] = {}
     config = tmp_path / "dbsp.yaml"
     config.write_text(yaml.safe_dump(h.settings))
     gateway = GatewayProcess(str(config), home, str(tmp_path / "gateway.out"))

@@ -194,8 +194,7 @@ def test_recover_by_the_cli_and_by_the_job_runs_the_divided_steps_past_a_dead_ru
 def test_the_produce_job_continues_the_demo_events_and_the_status_job_logs_where_the_pipeline_stands(
     broker, tmp_path, instance
 ):
-    # One record per batch, as the embedded broker's clients send: tansu's end offsets count only then.
-    kafka = {"bootstrap_servers": broker.bootstrap, "config": {}}
+    kafka = {"bootstrap_servers": broker.bootstrap}
     resources = {"store": {"root": str(tmp_path / "store")}, "kafka": kafka, "spark": {}}
     h = Harness(
         tmp_path,

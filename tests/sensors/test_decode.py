@@ -63,8 +63,8 @@ def test_a_small_steps_ranges_share_one_task_each_read_by_a_consumer_of_its_own(
         for partition in (0, 1):
             client.produce(topic, [bid(i) for i in range(3)], partition=partition)
     ranges = [Range(topic, partition, 0, 3) for topic in topics for partition in (0, 1)]
-    # The bundled broker holds a fetch this long when it has nothing more to send: a consumer
-    # assigned to the next range would wait it out.
+    # A broker holds a fetch this long when it has nothing more to send (past a range's end):
+    # a consumer assigned to the next range would wait it out.
     config = {"fetch.wait.max.ms": "60000"}
     for _ in range(2):  # the second read is timed: the first starts the server's Python workers
         started = time.monotonic()

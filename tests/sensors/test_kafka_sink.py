@@ -1,5 +1,5 @@
 """The Kafka-topic sink publishes each message once, even after a crash between publishing
-and recording its tokens (the bundled broker has no finished transactions), and every
+and recording its tokens (with no broker transactions), and every
 message of a fan-out."""
 
 import json
