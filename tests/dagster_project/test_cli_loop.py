@@ -120,7 +120,7 @@ def test_check_finds_each_error_of_a_new_users_pipeline_before_any_step(tmp_path
         return found[0]
 
     assert "SUM(DISTINCT qty)" in error(f"{sql}:{line_of(sql, 'sum(DISTINCT qty)')}, view 'distinct_qty': ")
-    assert "`o`.`name` cannot be resolved" in error(f"{sql}:{line_of(sql, 'VIEW named')}, view 'named': ")
+    assert "`o`.`name` cannot be resolved" in error(f"{sql}:{line_of(sql, 'o.name')}, view 'named': ")
     # The schemas are blamed, at their own lines, not the views that read them.
     assert "INTEGR" in error(f"{config}:{line_of(yaml_file, 'qty INTEGR')}: pipelines.1.schemas.orders: ")
     comma = error(f"{config}:{line_of(yaml_file, 'name STRING country')}: pipelines.2.schemas.customers: ")
