@@ -11,6 +11,7 @@ node) or of the SQL file.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from functools import partial
@@ -77,6 +78,8 @@ class Located:
 def check_configuration(path: str | None) -> tuple[list[str], str]:
     """The errors of the configuration at ``path`` (see :func:`config_file`) and of its
     views, and a summary of what was checked."""
+    # sqlglot warns on stderr of each statement it cannot parse; the statement's error is reported.
+    logging.getLogger("sqlglot").setLevel(logging.ERROR)
     path, named = config_file(path)
     try:
         text = Path(path).read_text() if path else None
@@ -97,7 +100,10 @@ def check_configuration(path: str | None) -> tuple[list[str], str]:
         except ValidationError as e:
             for error in map(partial(_placed, entry), e.errors()):
                 where = ("pipelines", i, *error["loc"])
-                errors.append(located.described(where, describe_error(error, PipelineSpec, ("pipelines", i))))
+                statements = _statement_errors(entry, base) if error["loc"] == ("sql",) else []
+                errors += statements or [
+                    located.described(where, describe_error(error, PipelineSpec, ("pipelines", i)))
+                ]
     try:
         resources = build_resources(
             parse_project({"pipelines": [], "resources": data.get("resources", {})}, located.file, base, circuits=False)
@@ -124,6 +130,15 @@ def _placed(entry: object, error: dict) -> dict:
     if tuple(error["loc"]) == ("schemas",) and isinstance(schemas, dict) and handle in schemas:
         return {**error, "loc": ("schemas", handle), "msg": rest}
     return error
+
+
+def _statement_errors(entry: dict, base: str) -> list[str]:
+    """Each statement's error in the pipeline's SQL file (loading it names the first only)."""
+    path = Path(base, entry["sql"]).absolute()
+    try:
+        return [str(e) for e in parse_errors(path.read_text(), str(path))]
+    except OSError:
+        return []
 
 
 def _project_errors(data: dict, located: Located, base: str) -> list[str]:
@@ -155,12 +170,9 @@ def _pipeline_errors(spec: PipelineSpec, session: SparkSession, base: str) -> It
         return
     bad = dict(_schema_errors(spec, schemas))
     yield from (((("schemas", h) if h in spec.schemas else ("producer",)), m) for h, m in bad.items())
-    text = Path(spec.sql).read_text()
-    parsed = parse_errors(text, spec.sql)
-    if parsed or bad:
-        yield from (((), str(e)) for e in parsed)
+    if bad:
         return
-    yield from (((), str(e)) for e in compile_errors(text, schemas, session, spec.sql))
+    yield from (((), str(e)) for e in compile_errors(Path(spec.sql).read_text(), schemas, session, spec.sql))
     unknown = set(spec.sink_names) - {v.name for v in spec.sql_views if v.materialized}
     if unknown:
         yield ("sinks",), f"{sorted(unknown)} are not materialized views of {spec.sql}"

@@ -12,6 +12,7 @@ and types.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -188,7 +189,7 @@ class _Compiler:
             output = self._analyse(view)
             rel = self.query(view.query, None)
         except SqlError as e:
-            raise view.error(str(e), _line(e.node)) from e
+            raise view.error(str(e), _line(e.node) or e.line) from e
         if len(rel.cols) != len(output.fields):
             raise view.error(f"the view has {len(rel.cols)} columns where Spark sees {len(output.fields)}")
         columns = [F.col(c.internal).cast(f.dataType).alias(f.name) for c, f in zip(rel.cols, output.fields)]
@@ -227,7 +228,9 @@ class _Compiler:
             return self.spark.sql(view.text).schema
         except AnalysisException as e:
             reason = str(e).strip().splitlines()[0]
-            raise SqlError(f"Spark cannot analyse the query: {reason}") from e
+            at = re.search(r"; line (\d+) pos \d+", reason)  # in the view's text
+            line = view.line_in_file(int(at.group(1))) if at else None
+            raise SqlError(f"Spark cannot analyse the query: {reason}", line=line) from e
 
     # queries
     def query(self, node: exp.Expression, outer: _Scope | None) -> Rel:

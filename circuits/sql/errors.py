@@ -10,10 +10,12 @@ class SqlError(DbspError):
     construct the engine cannot maintain incrementally, two views of one name, a cycle.
     The message names the file, the line, the view and the construct."""
 
-    def __init__(self, message: str, node: object = None) -> None:
+    def __init__(self, message: str, node: object = None, line: int | None = None) -> None:
         super().__init__(message)
         self.node = node
         """The construct refused (a sqlglot expression), whose line the message names."""
+        self.line = line
+        """The line in the file, when no construct names it (Spark's analysis)."""
 
 
 def located(file: str, line: int, view: str | None, message: str) -> SqlError:

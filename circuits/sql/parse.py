@@ -104,6 +104,12 @@ class View:
     line: int
     text: str
     """The statement's query as written (what Spark batch SQL of the same view runs)."""
+    text_line: int = 0
+    """The line of the file where ``text`` starts."""
+
+    def line_in_file(self, text_line: int) -> int:
+        """The file's line of line ``text_line`` (from 1) of ``text``."""
+        return (self.text_line or self.line) + text_line - 1
 
     def error(self, message: str, line: int | None = None) -> SqlError:
         return located(self.file, line or self.line, self.name, message)
@@ -184,8 +190,9 @@ def _view(statement: str, line: int, file: str) -> View:
         )
     head = _HEAD.match(statement)
     body = statement[head.end() :].strip() if head else query.sql(DIALECT)
+    starts = statement.count("\n", 0, statement.index(body)) + 1 if head else line
     query = query.transform(_boolean_aggregate, copy=False)
-    view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body)
+    view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body, starts)
     _refuse_unsupported(view, statement)
     return view
 

@@ -90,12 +90,17 @@ def line_of(path, text: str) -> int:
 def test_check_finds_each_error_of_a_new_users_pipeline_before_any_step(tmp_path, spark_resource, broker):
     (tmp_path / "shop.sql").write_text(BAD_SQL)
     (tmp_path / "good.sql").write_text(SHOP_SQL)
+    syntax = tmp_path / "syntax.sql"
+    syntax.write_text(
+        SHOP_SQL.replace("GROUP BY c.country", "GROUP c.country").replace("SELECT customer_id", "SELEC customer_id")
+    )
     config = write_config(
         tmp_path,
         [
             shop("shop"),
             shop("typo", sql="good.sql", orders=ORDERS.replace("qty INT", "qty INTEGR")),
             shop("comma", sql="good.sql", customers=CUSTOMERS.replace("name STRING,", "name STRING")),
+            shop("syntax", sql="syntax.sql"),
         ],
         spark_resource,
         broker,
@@ -104,7 +109,7 @@ def test_check_finds_each_error_of_a_new_users_pipeline_before_any_step(tmp_path
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     said = done.stderr.splitlines()
-    assert said[0] == "dbsp check: 4 error(s):", said
+    assert said[0] == "dbsp check: 6 error(s):", said
     sql, yaml_file = tmp_path / "shop.sql", tmp_path / "dbsp.yaml"
 
     def error(where: str) -> str:
@@ -113,11 +118,14 @@ def test_check_finds_each_error_of_a_new_users_pipeline_before_any_step(tmp_path
         return found[0]
 
     assert "SUM(DISTINCT qty)" in error(f"{sql}:{line_of(sql, 'sum(DISTINCT qty)')}, view 'distinct_qty': ")
-    assert "`o`.`name` cannot be resolved" in error(f"{sql}:{line_of(sql, 'VIEW named')}, view 'named': ")
+    assert "`o`.`name` cannot be resolved" in error(f"{sql}:{line_of(sql, 'o.name')}, view 'named': ")
     # The schemas are blamed, at their own lines, not the views that read them.
     assert "INTEGR" in error(f"{config}:{line_of(yaml_file, 'qty INTEGR')}: pipelines.1.schemas.orders: ")
     comma = error(f"{config}:{line_of(yaml_file, 'name STRING country')}: pipelines.2.schemas.customers: ")
     assert "'name STRING country STRING' is two columns: a comma is missing" in comma
+    # Every statement that does not parse, not only the first.
+    for view in ("by_country", "spend"):
+        assert "syntax error" in error(f"{syntax}:{line_of(syntax, f'VIEW {view} ')}: ")
     assert not (tmp_path / "store").exists()
 
     (tmp_path / "shop.sql").write_text(SHOP_SQL)
