@@ -125,13 +125,15 @@ def _decimal(precision: int, scale: int) -> Callable[[object], object]:
             raise Mismatch(value)
         if not number.is_finite():
             raise Mismatch(value, f"{value!r} (not a finite number)")
+        # Decimal arithmetic rounds to its context's 28 digits: the checks compare exponents,
+        # and the quantize has the digits the type's precision needs.
+        if number and number.adjusted() >= precision - scale:
+            raise Mismatch(value, f"{value} (more than {precision - scale} digits before the point)")
         with localcontext() as exact:
-            exact.prec = max(precision, len(number.as_tuple().digits)) + scale + 2
+            exact.prec = precision + 1
             fixed = number.quantize(step)
         if fixed != number:
             raise Mismatch(value, f"{value} (more than {scale} digits after the point)")
-        if abs(fixed) >= Decimal(10) ** (precision - scale):
-            raise Mismatch(value, f"{value} (more than {precision - scale} digits before the point)")
         return fixed
 
     return check

@@ -117,10 +117,14 @@ def test_typed_values_are_handed_to_spark_in_its_form(values, spark):
 
 
 def test_decimals_keep_every_digit():
-    """A JSON number is not read as a float: 0.1 + 0.2 digits and 38 of them stay."""
+    """A JSON number is not read as a float, nor rounded to Python's 28 digits: all 38 stay."""
     fields = (("d", "decimal(38,18)"),)
     _, text, _ = decode(b'{"d": 12345678901234567890.123456789012345678}', fields)
     assert text == '{"d":12345678901234567890.123456789012345678}'
+    top = "99999999999999999999.999999999999999999"
+    assert decode(f'{{"d": "-{top}"}}'.encode(), fields)[1] == f'{{"d":-{top}}}'
+    for past in ("1" + "0" * 20, "1E+20", "1e400", "99999999999999999999.9999999999999999995"):
+        assert decode(f'{{"d": {past}}}'.encode(), fields)[0] is None, past
 
 
 @pytest.mark.parametrize(
