@@ -168,13 +168,18 @@ def _instant(text: str) -> datetime:
 
 def _timestamp(value: object) -> str:
     if _number(value):
-        micros = Decimal(value).scaleb(6)
-        if micros != micros.to_integral_value():
+        # Exponents first: Decimal arithmetic overflows (1e999999999) or rounds to 0 (1e-999999999).
+        number = Decimal(value)
+        outside = Mismatch(value, f"{value} seconds (outside the years 1 to 9999)")
+        if number.adjusted() > 12:
+            raise outside
+        micros = number.scaleb(6)
+        if (number and number.adjusted() < -6) or micros != micros.to_integral_value():
             raise Mismatch(value, f"{value} seconds (finer than a microsecond)")
         try:
             moment = _EPOCH + timedelta(microseconds=int(micros))
         except OverflowError:
-            raise Mismatch(value, f"{value} seconds (outside the years 1 to 9999)") from None
+            raise outside from None
     else:
         moment = _iso(value, _instant)
     return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"

@@ -1,12 +1,13 @@
 """The record validator alone: no JVM, no broker."""
 
-import json
+from decimal import Decimal
 
 import pytest
 from pyspark.sql import types as T
 
 from sensors.decode import decode, fields_of, validate
 from sensors.errors import UnsupportedSchemaError
+from sensors.values import dumps
 
 BIDS = (("auction", "bigint"), ("price", "bigint"), ("channel", "string"))
 
@@ -88,7 +89,8 @@ NULLS = {name: None for name, _ in TYPED}
 
 
 def typed(**values) -> bytes:
-    return json.dumps(NULLS | values).encode()
+    """A record of ``TYPED`` (a ``Decimal`` written as the number it reads as)."""
+    return dumps(NULLS | values).encode()
 
 
 @pytest.mark.parametrize(
@@ -139,6 +141,8 @@ def test_decimals_keep_every_digit():
         ({"ts": "2024-03-01T00:00:00.1234567Z"}, "more than 6 digits after the second"),
         ({"ts": 1.0000001}, "field 'ts' expected timestamp, got 1.0000001 seconds (finer than a microsecond)"),
         ({"ts": 10**12}, "seconds (outside the years 1 to 9999)"),
+        ({"ts": Decimal("1e999999999")}, "seconds (outside the years 1 to 9999)"),
+        ({"ts": Decimal("1e-999999999")}, "seconds (finer than a microsecond)"),
         ({"ts": "0001-01-01T00:00:00+01:00"}, "(date value out of range)"),
         ({"n": "2024-03-01T00:00:00Z"}, "a timestamp_ntz has no UTC offset"),
         ({"n": 0}, "field 'n' expected timestamp_ntz, got int"),
