@@ -125,13 +125,15 @@ def _decimal(precision: int, scale: int) -> Callable[[object], object]:
             raise Mismatch(value)
         if not number.is_finite():
             raise Mismatch(value, f"{value!r} (not a finite number)")
+        # Decimal arithmetic rounds to its context's 28 digits: the checks compare exponents,
+        # and the quantize has the digits the type's precision needs.
+        if number and number.adjusted() >= precision - scale:
+            raise Mismatch(value, f"{value} (more than {precision - scale} digits before the point)")
         with localcontext() as exact:
-            exact.prec = max(precision, len(number.as_tuple().digits)) + scale + 2
+            exact.prec = precision + 1
             fixed = number.quantize(step)
         if fixed != number:
             raise Mismatch(value, f"{value} (more than {scale} digits after the point)")
-        if abs(fixed) >= Decimal(10) ** (precision - scale):
-            raise Mismatch(value, f"{value} (more than {precision - scale} digits before the point)")
         return fixed
 
     return check
@@ -166,13 +168,18 @@ def _instant(text: str) -> datetime:
 
 def _timestamp(value: object) -> str:
     if _number(value):
-        micros = Decimal(value).scaleb(6)
-        if micros != micros.to_integral_value():
+        # Exponents first: Decimal arithmetic overflows (1e999999999) or rounds to 0 (1e-999999999).
+        number = Decimal(value)
+        outside = Mismatch(value, f"{value} seconds (outside the years 1 to 9999)")
+        if number.adjusted() > 12:
+            raise outside
+        micros = number.scaleb(6)
+        if (number and number.adjusted() < -6) or micros != micros.to_integral_value():
             raise Mismatch(value, f"{value} seconds (finer than a microsecond)")
         try:
             moment = _EPOCH + timedelta(microseconds=int(micros))
         except OverflowError:
-            raise Mismatch(value, f"{value} seconds (outside the years 1 to 9999)") from None
+            raise outside from None
     else:
         moment = _iso(value, _instant)
     return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"

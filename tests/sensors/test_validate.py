@@ -1,12 +1,13 @@
 """The record validator alone: no JVM, no broker."""
 
-import json
+from decimal import Decimal
 
 import pytest
 from pyspark.sql import types as T
 
 from sensors.decode import decode, fields_of, validate
 from sensors.errors import UnsupportedSchemaError
+from sensors.values import dumps
 
 BIDS = (("auction", "bigint"), ("price", "bigint"), ("channel", "string"))
 
@@ -88,7 +89,8 @@ NULLS = {name: None for name, _ in TYPED}
 
 
 def typed(**values) -> bytes:
-    return json.dumps(NULLS | values).encode()
+    """A record of ``TYPED`` (a ``Decimal`` written as the number it reads as)."""
+    return dumps(NULLS | values).encode()
 
 
 @pytest.mark.parametrize(
@@ -117,10 +119,14 @@ def test_typed_values_are_handed_to_spark_in_its_form(values, spark):
 
 
 def test_decimals_keep_every_digit():
-    """A JSON number is not read as a float: 0.1 + 0.2 digits and 38 of them stay."""
+    """A JSON number is not read as a float, nor rounded to Python's 28 digits: all 38 stay."""
     fields = (("d", "decimal(38,18)"),)
     _, text, _ = decode(b'{"d": 12345678901234567890.123456789012345678}', fields)
     assert text == '{"d":12345678901234567890.123456789012345678}'
+    top = "99999999999999999999.999999999999999999"
+    assert decode(f'{{"d": "-{top}"}}'.encode(), fields)[1] == f'{{"d":-{top}}}'
+    for past in ("1" + "0" * 20, "1E+20", "1e400", "99999999999999999999.9999999999999999995"):
+        assert decode(f'{{"d": {past}}}'.encode(), fields)[0] is None, past
 
 
 @pytest.mark.parametrize(
@@ -135,6 +141,8 @@ def test_decimals_keep_every_digit():
         ({"ts": "2024-03-01T00:00:00.1234567Z"}, "more than 6 digits after the second"),
         ({"ts": 1.0000001}, "field 'ts' expected timestamp, got 1.0000001 seconds (finer than a microsecond)"),
         ({"ts": 10**12}, "seconds (outside the years 1 to 9999)"),
+        ({"ts": Decimal("1e999999999")}, "seconds (outside the years 1 to 9999)"),
+        ({"ts": Decimal("1e-999999999")}, "seconds (finer than a microsecond)"),
         ({"ts": "0001-01-01T00:00:00+01:00"}, "(date value out of range)"),
         ({"n": "2024-03-01T00:00:00Z"}, "a timestamp_ntz has no UTC offset"),
         ({"n": 0}, "field 'n' expected timestamp_ntz, got int"),
