@@ -1,5 +1,5 @@
 """Live rescale of the gateway's workers (ICADD, docs/gateway.md) against a stop-the-world
-rescale, in the same run against the same bundled tansu broker.
+rescale, in the same run against the same local Kafka node.
 
 The scenario is the live test's (``tests/gateway/test_rescale_live.py``,
 :func:`grow_and_rescale`): ``--sources`` files, each growing by ``--rounds`` lines per

@@ -2,8 +2,8 @@
 baseline at 10, 100, 1,000 and 5,000 sources, in the same run.
 
 Both sides run the same machinery: a ``BufferPool``, an ``AsyncSourceExecutor`` with one
-I/O thread and a ``Delivery`` producing to the bundled tansu broker (``LocalBroker``, one
-record per batch: ``local_producer_config()``), wired as ``Gateway`` wires them (an idle
+I/O thread and a ``Delivery`` producing to a local Apache Kafka node (``LocalBroker``),
+wired as ``Gateway`` wires them (an idle
 producer queue flushes the partly filled buffers).  The async side runs
 ``GeneratorSource``s on the event loop; the baseline runs ``SyncGeneratorSource``s, which
 the executor puts on a thread each (``ThreadedSource``, the asynchronous-sources design's fallback).  Every
@@ -343,7 +343,7 @@ def _f(value, spec: str) -> str:
 
 
 def report(shape: str, delivery: str, results: dict, counts: list[int], rate: float) -> None:
-    label = "broker (tansu)" if delivery == "broker" else "no broker (in-process acknowledgement)"
+    label = "broker (Kafka)" if delivery == "broker" else "no broker (in-process acknowledgement)"
     offered = f"{rate:,.0f} lines/s offered in all" if shape == "rate" else "unlimited generators"
     print(f"\n### {shape}: {offered}; {label}\n")
     print(
