@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -274,7 +275,16 @@ def listen(dagster_home: str) -> socket.socket:
     return server
 
 
+def _end_now(signum: int, _frame) -> None:
+    """Ends the worker at once on Ctrl-C or SIGTERM: its runs end as if it were killed (the
+    next run of each pipeline recovers), and ``dbsp dev`` stops within its deadline rather
+    than wait for an interpreter with Spark and Dagster loaded to wind down."""
+    os._exit(128 + signum)
+
+
 def main() -> int:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _end_now)
     from .factory import keep_pipelines_open  # the worker's own imports: Spark and the engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -286,12 +296,10 @@ def main() -> int:
             __import__(PRELOAD)
         except Exception as e:
             log.warning("step worker: could not preload %s: %s", PRELOAD, e)
-        log.info("step worker (pid %d) serving %s", os.getpid(), instance.root_directory)
         worker = StepWorker(instance, definition_files())
-        with contextlib.suppress(KeyboardInterrupt):
-            worker.serve(server)
-        if worker.retiring:
-            log.info("step worker (pid %d) ends: %s", os.getpid(), worker.retiring)
+        log.info("step worker (pid %d) serving %s", os.getpid(), instance.root_directory)
+        worker.serve(server)
+        log.info("step worker (pid %d) ends: %s", os.getpid(), worker.retiring)
     return 0
 
 
