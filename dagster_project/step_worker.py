@@ -14,9 +14,10 @@ line and so is its answer: ``{"launch": run_id}`` starts a run, ``{"status": run
 says whether its thread still runs.
 
 **Launcher**: :class:`StepWorkerLauncher` (``run_launcher`` of the ``dagster.yaml`` that
-``dbsp`` writes) tags each run with the worker that takes it (``dbsp/step_worker``:
-pid and start time) and sends it there; when no worker answers it launches the run the
-default way (a new process from the code server), and says so in the run's events.
+``dbsp`` writes) sends each run to the worker and tags it with the worker that took it
+(``dbsp/step_worker``: pid and start time); when no worker answers, or it refuses (its
+definitions are out of date), it launches the run the default way (a new process from the
+code server), and says so in the run's events.
 
 **Health**: Dagster's run monitoring asks the launcher about every started run.  A run
 whose worker process is gone (killed, out of memory) is reported failed with that cause,
