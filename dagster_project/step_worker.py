@@ -14,9 +14,10 @@ line and so is its answer: ``{"launch": run_id}`` starts a run, ``{"status": run
 says whether its thread still runs.
 
 **Launcher**: :class:`StepWorkerLauncher` (``run_launcher`` of the ``dagster.yaml`` that
-``dbsp`` writes) tags each run with the worker that takes it (``dbsp/step_worker``:
-pid and start time) and sends it there; when no worker answers it launches the run the
-default way (a new process from the code server), and says so in the run's events.
+``dbsp`` writes) sends each run to the worker and tags it with the worker that took it
+(``dbsp/step_worker``: pid and start time); when no worker answers, or it refuses (its
+definitions are out of date), it launches the run the default way (a new process from the
+code server), and says so in the run's events.
 
 **Health**: Dagster's run monitoring asks the launcher about every started run.  A run
 whose worker process is gone (killed, out of memory) is reported failed with that cause,
@@ -30,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -274,7 +276,16 @@ def listen(dagster_home: str) -> socket.socket:
     return server
 
 
+def _end_now(signum: int, _frame) -> None:
+    """Ends the worker at once on Ctrl-C or SIGTERM: its runs end as if it were killed (the
+    next run of each pipeline recovers), and ``dbsp dev`` stops within its deadline rather
+    than wait for an interpreter with Spark and Dagster loaded to wind down."""
+    os._exit(128 + signum)
+
+
 def main() -> int:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _end_now)
     from .factory import keep_pipelines_open  # the worker's own imports: Spark and the engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -286,12 +297,10 @@ def main() -> int:
             __import__(PRELOAD)
         except Exception as e:
             log.warning("step worker: could not preload %s: %s", PRELOAD, e)
-        log.info("step worker (pid %d) serving %s", os.getpid(), instance.root_directory)
         worker = StepWorker(instance, definition_files())
-        with contextlib.suppress(KeyboardInterrupt):
-            worker.serve(server)
-        if worker.retiring:
-            log.info("step worker (pid %d) ends: %s", os.getpid(), worker.retiring)
+        log.info("step worker (pid %d) serving %s", os.getpid(), instance.root_directory)
+        worker.serve(server)
+        log.info("step worker (pid %d) ends: %s", os.getpid(), worker.retiring)
     return 0
 
 
