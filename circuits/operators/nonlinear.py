@@ -250,15 +250,18 @@ def _partials(i: int, a: Agg, schema: T.StructType | None = None) -> dict[str, C
 
 
 def _weighted(column: str, kind: T.DataType | None) -> Column:
-    """``column`` times the row's weight.  A ``decimal(p, s)`` keeps its scale: its
-    product with a bigint weight (a ``decimal(20, 0)``) has a precision over 38 once
-    ``p > 17``, which Spark rounds to 6 decimals.  Weights are 1 or -1 but for repeated
-    rows, whose product, with the weight as a ``decimal(10, 0)``, is exact while ``p <= 27``."""
+    """``column`` times the row's weight.  Weights are 1 or -1 but for repeated rows.  A
+    ``decimal(p, s)`` times a bigint (a ``decimal(20, 0)``) has a precision over 38 once
+    ``p > 17``, which Spark rounds to fewer decimals; so a decimal is multiplied as its
+    unscaled integer (its digits without the point, a ``decimal(38, 0)``: the product keeps
+    scale 0, exact while it fits the sum's type), put back at scale ``s`` by its text."""
     value, w = F.col(column), weight()
     if not isinstance(kind, T.DecimalType):
         return value * w
-    product = value * w.cast(T.DecimalType(10, 0))
-    return F.when(w == 1, value).when(w == -1, -value).otherwise(product).cast(T.DecimalType(38, kind.scale))
+    accumulator = T.DecimalType(38, kind.scale)
+    unscaled = F.translate(value.cast(accumulator).cast("string"), ".", "").cast(T.DecimalType(38, 0))
+    product = F.concat((unscaled * w).cast("string"), F.lit(f"E-{kind.scale}")).cast(accumulator)
+    return F.when(w == 1, value).when(w == -1, -value).otherwise(product).cast(accumulator)
 
 
 def _shape(df: DataFrame, state: list[str], keys: list[str], provided: list[str]) -> DataFrame:

@@ -428,7 +428,7 @@ class _Compiler:
         # ``FROM a, b WHERE a.k = b.k`` keys the join by the WHERE's equalities: as a join
         # with no key it would be a cross product read whole on every change.  The WHERE
         # is still applied whole after the joins, so taking them here changes no result.
-        implied = [c for c in _conjuncts(where.this if where else None) if not _has_subquery(c)]
+        implied = [c for c in _factored(_conjuncts(where.this if where else None)) if not _has_subquery(c)]
         rel = self.source(node.args["from_"].this, outer)
         for join in node.args.get("joins") or []:
             rel = self.join(rel, self.source(join.this, outer), join, implied)
@@ -501,7 +501,7 @@ class _Compiler:
         if node.method or using:
             return self.using_join(left, right, using if using else _common_names(left, right), how)
         both = _Scope([*left.cols, *right.cols])
-        pairs, rest = _split_equalities(_conjuncts(condition), _Scope(left.cols), _Scope(right.cols))
+        pairs, rest = _split_equalities(_factored(_conjuncts(condition)), _Scope(left.cols), _Scope(right.cols))
         if condition is None and how == "inner":
             pairs = _split_equalities(implied, _Scope(left.cols), _Scope(right.cols))[0]
         pairs = [(self.resolve(a, both), self.resolve(b, both)) for a, b in pairs]
@@ -1077,6 +1077,42 @@ def _split_equalities(
                 continue
         rest.append(c)
     return pairs, rest
+
+
+def _factored(conjuncts: list[exp.Expression]) -> list[exp.Expression]:
+    """``conjuncts`` with each disjunction written as the conjuncts common to all its
+    branches and the disjunction of what remains of each: ``(a AND b) OR (a AND c)`` is
+    ``a AND (b OR c)`` (so also in SQL's three-valued logic) and ``(a AND b) OR a`` is
+    ``a``.  An equality repeated in every branch so becomes a join key, as Spark's
+    optimizer makes it, not a residual over a join keyed by a constant."""
+    factored = []
+    for c in conjuncts:
+        branches = [_conjuncts(b) for b in _disjuncts(c)]
+        texts = [{_canonical_text(x) for x in b} for b in branches]
+        common = {_canonical_text(x): x for x in branches[0] if all(_canonical_text(x) in t for t in texts)}
+        if len(branches) < 2 or not common:
+            factored.append(c)
+            continue
+        factored.extend(common.values())
+        rests = [[x for x in b if _canonical_text(x) not in common] for b in branches]
+        if all(rests):
+            factored.append(exp.or_(*[exp.and_(*r) for r in rests]))
+    return factored
+
+
+def _canonical_text(e: exp.Expression) -> str:
+    """``e``'s SQL, the same for ``a = b`` and ``b = a``."""
+    if isinstance(e, exp.EQ):
+        return " = ".join(sorted(side.sql(DIALECT) for side in (e.this, e.expression)))
+    return e.sql(DIALECT)
+
+
+def _disjuncts(condition: exp.Expression) -> list[exp.Expression]:
+    if isinstance(condition, exp.Or):
+        return [*_disjuncts(condition.this), *_disjuncts(condition.expression)]
+    if isinstance(condition, exp.Paren):
+        return _disjuncts(condition.this)
+    return [condition]
 
 
 def _and(a: str | None, b: str) -> str:

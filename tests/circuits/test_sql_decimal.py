@@ -10,6 +10,7 @@ from collections import Counter
 from decimal import Decimal
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from circuits.sql import compile_sql, parse_views
@@ -64,3 +65,63 @@ def test_decimal_sum_and_avg_equal_spark_batch_sql(spark, circuit, workers, step
         return {name: ("integral", z) for name, z in batch(spark, integrated).items()}
 
     run_and_compare(spark, circuit, steps, workers, expected)
+
+
+@st.composite
+def decimal_steps(draw):
+    """A ``decimal(p, s)`` (any ``1 <= p <= 38``, ``s <= p``) and steps of its values with
+    weights other than 1: rows inserted several times, inserted and deleted in one step,
+    deleted as many times as they are present.  Values keep every sum's running total
+    inside the sum's type (Spark fails an overflowing sum), so digits are what differ."""
+    p = draw(st.integers(1, 38))
+    s = draw(st.integers(0, p))
+    room = min(p, min(38, p + 10) - 3)  # digits a value may use: 1000 of them sum in the type
+    largest = Decimal(f"{'9' * room}E-{s}")  # from text: exact, whatever the context's precision
+    values = st.one_of(
+        st.decimals(-largest, largest, places=s, allow_nan=False, allow_infinity=False), st.just(largest), st.none()
+    )
+    row = st.tuples(st.one_of(st.integers(0, 1), st.none()), values)
+    present: Counter = Counter()
+    steps = []
+    for _ in range(draw(st.integers(1, 3))):
+        step = []
+        for r in draw(st.lists(row, max_size=4)):
+            times = draw(st.integers(1, 4))
+            step.append((*r, times))
+            present[r] += times
+        for r in sorted(present, key=repr):
+            if draw(st.booleans()):
+                times = draw(st.integers(1, present[r]))
+                step.append((*r, -times))
+                present[r] -= times
+        present = +present
+        steps.append({"t": step})
+    return f"k int, v decimal({p},{s})", steps
+
+
+DECIMAL_VIEWS = """
+CREATE MATERIALIZED VIEW by_key AS
+  SELECT k, sum(v) AS total, min(v) AS low, max(v) AS high, count(v) AS n FROM t GROUP BY k;
+CREATE MATERIALIZED VIEW overall AS
+  SELECT sum(v) AS total, min(v) AS low, max(v) AS high, count(v) AS n FROM t;
+"""
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(drawn=decimal_steps())
+@example(  # sum(a / b) of a decimal(28, 2) and an int is a decimal(38, 12) sum
+    drawn=("k int, v decimal(38,12)", [{"t": [(1, Decimal("1234567890123.123456789012"), 3), (1, Decimal("0.01"), 2)]}])
+)
+def test_every_aggregate_over_every_decimal_type_equals_spark_batch_sql(spark, drawn):
+    """``sum``, ``min``, ``max`` and ``count`` over any ``decimal(p, s)`` equal Spark batch
+    SQL to the last digit at every step, whatever the rows' weights."""
+    schema, steps = drawn
+    circuit = compile_sql(DECIMAL_VIEWS, {"t": schema}, spark)
+
+    def expected(t, deltas, integrated):
+        spark.createDataFrame(list(integrated["t"].elements()), schema).createOrReplaceTempView("t")
+        views = parse_views(DECIMAL_VIEWS)
+        return {v.name: ("integral", zset((*r, 1) for r in spark.sql(v.text).collect())) for v in views}
+
+    run_and_compare(spark, circuit, steps, 1, expected)
