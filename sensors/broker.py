@@ -199,15 +199,26 @@ def ensure_topics(
     bootstrap_servers: str, topics: dict[str, int], timeout: float = 10.0, config: dict | None = None
 ) -> None:
     """Creates the missing ones of ``topics`` (name: partition count) and waits until the
-    broker's metadata shows them; topics that exist already are left as they are."""
+    broker serves them: each partition has a leader that answers for its offsets (a topic
+    in the metadata may not have one yet); topics that exist already are left as they are."""
     client = KafkaClient(bootstrap_servers, config, timeout)
     existing = client.topics()
     missing = {t: n for t, n in topics.items() if t not in existing}
     client.create_topics(missing)
     deadline = time.monotonic() + timeout
-    while any(client.topics().get(t) != n for t, n in missing.items()):
+    while not _served(client, missing):
         if time.monotonic() > deadline:
             raise SourceError(
-                f"topics {sorted(missing)} were created on {bootstrap_servers!r} but did not appear within {timeout:g} s"
+                f"topics {sorted(missing)} were created on {bootstrap_servers!r} but were not served within {timeout:g} s"
             )
         time.sleep(0.05)
+
+
+def _served(client: KafkaClient, topics: dict[str, int]) -> bool:
+    if any(client.topics().get(t) != n for t, n in topics.items()):
+        return False
+    try:
+        client.offsets(list(topics))
+    except BrokerUnavailableError:  # "not leader for partition" while the leaders are elected
+        return False
+    return True

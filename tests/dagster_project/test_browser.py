@@ -71,8 +71,6 @@ def test_backfill_of_two_steps_launched_from_the_asset_page(spark_resource, brok
 
     # The runs use the test session's Spark Connect server (warm), not an embedded one.
     with dagster_dev(tmp_path, broker.bootstrap, NAME, spark_resource, **Q4) as (port, home):
-        (home / ".nux").mkdir()
-        (home / ".nux" / "nux.yaml").write_text("seen: 1\n")  # a user who dismissed the welcome dialog before
         instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
         served = Harness(tmp_path, broker.bootstrap, instance, name=NAME, spark=spark_resource, **Q4)
         for _ in STEPS:  # two steps divided by the sensor: two partitions
