@@ -16,6 +16,8 @@ import re
 
 from pyspark.sql import types as T
 
+from .sql.parse import ddl_fields
+
 PRIMITIVES: dict[str, T.DataType] = {
     **{name: T.LongType() for name in ("bigint", "long")},
     **{name: T.IntegerType() for name in ("int", "integer")},
@@ -32,18 +34,6 @@ PRIMITIVES: dict[str, T.DataType] = {
 }
 _DECIMALS = ("decimal", "dec", "numeric")
 _TOKEN = re.compile(r"\s*(`[^`]*`|\w+|[<>(),:])")
-
-
-def ddl_fields(ddl: str) -> list[str]:
-    """The top-level fields of a Spark DDL schema (``'id BIGINT, price DECIMAL(12,2)'``:
-    two), split without Spark."""
-    fields, depth, start = [], 0, 0
-    for i, char in enumerate(f"{ddl},"):
-        depth += {"(": 1, "<": 1, ")": -1, ">": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            fields.append(ddl[start:i])
-            start = i + 1
-    return [f for f in fields if f.strip()]
 
 
 class _Unparsed(Exception):

@@ -15,7 +15,6 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
-from ..ddl import ddl_fields
 from .errors import SqlError, located
 
 DIALECT = "spark"
@@ -416,6 +415,18 @@ def _aliases(query: exp.Expression) -> set[str]:
     """The names a query gives: select-list aliases and column lists (``AS t (a, b)``)."""
     aliases = {a.alias.lower() for a in query.find_all(exp.Alias)}
     return aliases | {c.name.lower() for t in query.find_all(exp.TableAlias) for c in t.columns}
+
+
+def ddl_fields(ddl: str) -> list[str]:
+    """The top-level fields of a Spark DDL schema (``'id BIGINT, price DECIMAL(12,2)'``:
+    two), split without Spark."""
+    fields, depth, start = [], 0, 0
+    for i, char in enumerate(f"{ddl},"):
+        depth += {"(": 1, "<": 1, ")": -1, ">": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            fields.append(ddl[start:i])
+            start = i + 1
+    return [f for f in fields if f.strip()]
 
 
 def ddl_columns(ddl: str) -> list[str]:
