@@ -38,6 +38,8 @@ def demo_project(project: ProjectSpec, run: str) -> ProjectSpec:
         max_wait_seconds=0,
         sensor_running=False,
         lease_wait_seconds=30,
+        # The demo ticks the sensor itself: a failed step is requested again at its next tick.
+        retry_backoff_seconds=0,
     )
     return project.model_copy(update={"pipelines": [spec], "sources": []})  # its resources, and their file
 
