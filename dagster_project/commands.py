@@ -210,7 +210,7 @@ def step(args: argparse.Namespace) -> int:
             for metadata in record_committed(instance, spec, pipeline, ran, holder.name).values():
                 report.add({k: getattr(v, "value", v) for k, v in metadata.items()})
             print(report.line())
-    print(dead_letters_note(pipeline.root))
+    print("\n".join(dead_letters_note(pipeline.root, spec.sources, spec.max_dead_letter_share)))
     return 0
 
 
