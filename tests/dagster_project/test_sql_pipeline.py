@@ -117,7 +117,8 @@ def test_a_views_file_that_does_not_load_fails_the_configuration(tmp_path, text,
 def test_an_unknown_column_fails_the_configuration_when_spark_is_there(spark, tmp_path):
     with pytest.raises(ConfigError) as error:
         load(tmp_path, sql_settings(tmp_path, VIEWS.replace("sum(price)", "sum(prize)")))
-    assert "views.sql:5, view 'revenue'" in str(error.value) and "prize" in str(error.value)
+    # Line 6 holds sum(prize): the error names the line at fault, not the view's first line (5).
+    assert "views.sql:6, view 'revenue'" in str(error.value) and "prize" in str(error.value)
 
 
 def test_a_schemas_entry_is_the_sources_schema(spark, tmp_path):
