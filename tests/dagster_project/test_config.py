@@ -72,7 +72,10 @@ def test_a_bad_pipeline_setting_is_named_with_its_fix(spark, change, named):
     [
         (
             {"kafka": {"embedded_port": "x"}},
-            ["resources.kafka.embedded_port", "(expected: port of the embedded broker (its controller takes the next port))"],
+            [
+                "resources.kafka.embedded_port",
+                "(expected: port of the embedded broker (its controller takes the next port))",
+            ],
         ),
         ({"store": {"root": "s3://bucket/pipelines"}}, ["resources.store.root", "mount"]),
         # Misspelled, each would fall back to its default (another user's port, say).
