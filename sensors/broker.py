@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from circuits.daemon import HOST, Daemon, free_port, listening
+from circuits.daemon import HOST, Daemon, free_port, listening, write_if_changed
 from circuits.jvm import KAFKA, jars
 
 from .errors import BrokerUnavailableError, SourceError
@@ -76,9 +76,7 @@ class _Node:
         self.daemon = daemon
         self.data_dir = daemon.path("data")
         self.config = daemon.path("properties")
-        os.makedirs(daemon.state_dir, exist_ok=True)
-        with open(self.config, "w") as f:
-            f.write(_properties(port, controller_port, self.data_dir))
+        write_if_changed(self.config, _properties(port, controller_port, self.data_dir))
         daemon.write_logging(LOG_LEVEL)
 
     def command(self) -> list[str]:
