@@ -78,12 +78,29 @@ def flush_on_idle(delivery: Delivery, executor: AsyncSourceExecutor) -> None:
     """Whenever the producer's queue has emptied, the partly filled buffers go out.  One
     flush at a time: a flush walks every source, and with thousands of them notices that
     come faster than flushes finish would pile flushes up on the loop (measured with
-    ``bench/gateway_sources.py``: at 5,000 sources they took 38% of the loop)."""
-    running: list[concurrent.futures.Future] = []
+    ``bench/gateway_sources.py``: at 5,000 sources they took 38% of the loop).  A notice
+    that comes while a flush runs is kept, not dropped: a source may fill a buffer after the
+    running flush passed it, and with nothing more sent no later notice would come."""
+    lock = threading.Lock()
+    state = {"running": False, "again": False}
+
+    def start() -> None:
+        executor.flush().add_done_callback(done)
+
+    def done(_: concurrent.futures.Future) -> None:
+        with lock:
+            again = state["running"] = state["again"]
+            state["again"] = False
+        if again:
+            start()
 
     def flush() -> None:
-        if not running or running[0].done():
-            running[:] = [executor.flush()]
+        with lock:
+            if state["running"]:
+                state["again"] = True
+                return
+            state["running"] = True
+        start()
 
     delivery.on_idle(flush)
 

@@ -414,3 +414,36 @@ def test_reading_back_names_a_missing_topic_without_creating_it_and_an_absent_br
     nobody = f"127.0.0.1:{free_port()}"
     with pytest.raises(GatewayBrokerError, match=f"no Kafka broker at bootstrap servers '{nobody}' answered within"):
         acknowledged_since(nobody, None, {}, [missing], timeout=1)
+
+
+def test_an_idle_notice_during_a_running_flush_flushes_again_once_it_ends():
+    """A source may fill a buffer after the running flush passed it; if the notice that came
+    meanwhile were dropped, nothing more sent means no later notice, and the bytes would wait."""
+    import concurrent.futures
+
+    from gateway.gateway import flush_on_idle
+
+    class Executor:
+        def __init__(self):
+            self.flushes: list[concurrent.futures.Future] = []
+
+        def flush(self):
+            self.flushes.append(concurrent.futures.Future())
+            return self.flushes[-1]
+
+    class Delivery:
+        def on_idle(self, listener):
+            self.notice = listener
+
+    executor, delivery = Executor(), Delivery()
+    flush_on_idle(delivery, executor)
+    delivery.notice()
+    delivery.notice()  # while the first runs: kept
+    delivery.notice()  # and coalesced with the one before
+    assert len(executor.flushes) == 1
+    executor.flushes[0].set_result(None)
+    assert len(executor.flushes) == 2
+    executor.flushes[1].set_result(None)
+    assert len(executor.flushes) == 2  # nothing came meanwhile: no third flush
+    delivery.notice()
+    assert len(executor.flushes) == 3

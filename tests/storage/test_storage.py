@@ -148,9 +148,10 @@ def test_opening_reads_only_the_openable_checkpoints(tmp_path):
     assert database.latest_checkpoint(str(tmp_path)) == (4, 4, {"at": "4"})
 
 
-def test_a_run_opens_each_state_table_once_however_many_steps_it_commits(spark, pipeline, monkeypatch):
+def test_a_run_opens_each_state_table_at_most_once_however_many_steps_it_commits(spark, pipeline, monkeypatch):
     """Each step commits on the handles of the state tables it read (an open costs 5-10 ms
-    a table, and a step commits to every table it touches)."""
+    a table, and a step commits to every table it touches); a pipeline that already holds a
+    table's latest version from an earlier run opens it not at all."""
     pipeline.run(through=0)  # creates the state tables
     opened = Counter()
     original = DeltaTable.__init__
@@ -162,7 +163,7 @@ def test_a_run_opens_each_state_table_once_however_many_steps_it_commits(spark, 
     monkeypatch.setattr(DeltaTable, "__init__", counted)
     assert pipeline.run() == 3
     state = {f"state/{name}" for name in os.listdir(os.path.join(pipeline.root, "state"))}
-    assert state and {t: n for t, n in opened.items() if t in state} == dict.fromkeys(state, 1)
+    assert state and all(opened[t] <= 1 for t in state), opened
     monkeypatch.undo()
     assert +totals(pipeline, 2) == +totals(_fresh(spark, pipeline.root + "-fresh"), 2)
 
