@@ -27,6 +27,7 @@ from .. import operators as ops
 from ..circuit import Circuit, Source, Stream
 from ..zset import parse_schema
 from .analyses import Analyses
+from .decimals import exact_average
 from .errors import SqlError
 from .parse import AGGREGATES, DIALECT, RANKING_FUNCTIONS, View, parse_views, rank_bound, read_tables
 from .parse import conjuncts as _conjuncts
@@ -829,7 +830,7 @@ class _Compiler:
         """Adds the engine's aggregates for SQL's ``a`` to ``aggs`` (``out``: the column of
         the first) and returns its value over them.  Over a decimal ``decimal(p, s)``, as in
         Spark: ``sum`` is a ``decimal(p + 10, s)``, and ``avg`` is that sum divided by the
-        count of values, rounded to ``decimal(p + 4, s + 4)`` (not a double's quotient)."""
+        count of values, rounded once to ``decimal(p + 4, s + 4)`` (see :mod:`.decimals`)."""
         argument = types.get(a.column) if a.column else None
         if a.kind not in ("sum", "avg") or not isinstance(argument, T.DecimalType):
             aggs[out] = a
@@ -841,8 +842,7 @@ class _Compiler:
             return total
         count = self.fresh()
         aggs[count] = ops.Agg("count", a.column)
-        quotient = f"{total} / NULLIF(CAST({count} AS DECIMAL(20, 0)), 0)"
-        return f"CAST({quotient} AS DECIMAL({min(38, p + 4)}, {min(38, s + 4)}))"
+        return exact_average(total, count, s, min(38, p + 4), min(38, s + 4))
 
     def _group_expression(self, g: exp.Expression, node: exp.Select, scope: _Scope) -> exp.Expression:
         """A GROUP BY item: an ordinal or a select-list alias stands for its expression."""

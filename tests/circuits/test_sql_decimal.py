@@ -72,10 +72,12 @@ def decimal_steps(draw):
     """A ``decimal(p, s)`` (any ``1 <= p <= 38``, ``s <= p``) and steps of its values with
     weights other than 1: rows inserted several times, inserted and deleted in one step,
     deleted as many times as they are present.  Values keep every sum's running total
-    inside the sum's type (Spark fails an overflowing sum), so digits are what differ."""
+    inside the sum's type and the mean inside avg's (Spark fails an overflow), so digits are
+    what differ."""
     p = draw(st.integers(1, 38))
     s = draw(st.integers(0, p))
-    room = min(p, min(38, p + 10) - 3)  # digits a value may use: 1000 of them sum in the type
+    # Digits a value may use: 1000 of them sum in the sum's type, and their mean fits avg's.
+    room = min(p, min(38, p + 10) - 3, s + min(38, p + 4) - min(38, s + 4))
     largest = Decimal(f"{'9' * room}E-{s}")  # from text: exact, whatever the context's precision
     values = st.one_of(
         st.decimals(-largest, largest, places=s, allow_nan=False, allow_infinity=False), st.just(largest), st.none()
@@ -101,9 +103,9 @@ def decimal_steps(draw):
 
 DECIMAL_VIEWS = """
 CREATE MATERIALIZED VIEW by_key AS
-  SELECT k, sum(v) AS total, min(v) AS low, max(v) AS high, count(v) AS n FROM t GROUP BY k;
+  SELECT k, sum(v) AS total, avg(v) AS mean, min(v) AS low, max(v) AS high, count(v) AS n FROM t GROUP BY k;
 CREATE MATERIALIZED VIEW overall AS
-  SELECT sum(v) AS total, min(v) AS low, max(v) AS high, count(v) AS n FROM t;
+  SELECT sum(v) AS total, avg(v) AS mean, min(v) AS low, max(v) AS high, count(v) AS n FROM t;
 """
 
 
@@ -113,9 +115,15 @@ CREATE MATERIALIZED VIEW overall AS
 @example(  # sum(a / b) of a decimal(28, 2) and an int is a decimal(38, 12) sum
     drawn=("k int, v decimal(38,12)", [{"t": [(1, Decimal("1234567890123.123456789012"), 3), (1, Decimal("0.01"), 2)]}])
 )
+@example(  # a mean whose 39th significant digit decides the rounding: SQL's `/` keeps 12 decimals
+    drawn=(
+        "k int, v decimal(30,10)",
+        [{"t": [(1, Decimal("12345678901234567890.1234567891"), 2), (1, Decimal("1E-10"), 1)]}],
+    )
+)
 def test_every_aggregate_over_every_decimal_type_equals_spark_batch_sql(spark, drawn):
-    """``sum``, ``min``, ``max`` and ``count`` over any ``decimal(p, s)`` equal Spark batch
-    SQL to the last digit at every step, whatever the rows' weights."""
+    """``sum``, ``avg``, ``min``, ``max`` and ``count`` over any ``decimal(p, s)`` equal
+    Spark batch SQL to the last digit at every step, whatever the rows' weights."""
     schema, steps = drawn
     circuit = compile_sql(DECIMAL_VIEWS, {"t": schema}, spark)
 
