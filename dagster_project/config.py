@@ -309,7 +309,7 @@ class PipelineSpec(BaseModel):
         circuit = _built(self.build_circuit) if self.circuit else self._compiled_if_session()
         if circuit is not None:
             self.check(circuit)
-        else:
+        elif self.sql:  # a circuit: that needs a session to be built declares its own input types
             self._check_input_types(self.input_schemas())
         if self.sql:  # compiled in the session the run uses (or None): the run compiles it no second time
             self._circuit = circuit

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from circuits.sql import compile_sql, parse_views
 
 from ..oracle import zset
-from .harness import at_every_worker_count, insert_delete_steps, run_and_compare
+from .harness import SQL_WORKERS, at_every_worker_count, insert_delete_steps, run_and_compare
 
 SCHEMAS = {"t": "k int, p decimal(12,2), q decimal(20,8)"}
 
@@ -59,7 +59,7 @@ def test_decimal_average_has_sparks_last_digits(spark, circuit):
 
 
 @pytest.mark.slow
-@at_every_worker_count(insert_delete_steps({"t": rows}, max_steps=3, max_rows=5), max_examples=2)
+@at_every_worker_count(insert_delete_steps({"t": rows}, max_steps=3, max_rows=5), max_examples=2, workers=SQL_WORKERS)
 def test_decimal_sum_and_avg_equal_spark_batch_sql(spark, circuit, workers, steps):
     def expected(t, deltas, integrated):
         return {name: ("integral", z) for name, z in batch(spark, integrated).items()}

@@ -9,7 +9,7 @@ from circuits.library import nexmark_circuit
 from circuits.library.nexmark_queries import nexmark_sql_circuit
 
 from ..oracle import zset
-from .harness import at_every_worker_count, insert_delete_steps
+from .harness import SQL_WORKERS, at_every_worker_count, insert_delete_steps
 from .test_views import nexmark_rows
 
 
@@ -25,6 +25,7 @@ def compiled(spark):
         max_rows=8,
     ),
     max_examples=2,
+    workers=SQL_WORKERS,
 )
 def test_sql_demo_equals_hand_built_circuits(spark, compiled, workers, steps):
     hand_built = nexmark_circuit()

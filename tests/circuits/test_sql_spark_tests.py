@@ -10,7 +10,7 @@ import pytest
 from circuits.sql import SqlError, compile_sql
 
 from .harness import SQL_SCHEMAS as SCHEMAS
-from .harness import SQL_STEPS, at_every_worker_count, equals_spark_batch, sql_views
+from .harness import SQL_STEPS, SQL_WORKERS, at_every_worker_count, equals_spark_batch, sql_views
 
 STEPS = [
     {"a": [(1, 2, "a", 1), (1, 3, "a", 1), (None, 1, None, 1), (2, None, "b", 2)], "b": [(1, 1, 0.5, 1)]},
@@ -57,7 +57,7 @@ CREATE MATERIALIZED VIEW nested_not_exists AS
 nested_exists = sql_views(NESTED_EXISTS, "nested_exists")
 
 
-@at_every_worker_count(SQL_STEPS, max_examples=2)
+@at_every_worker_count(SQL_STEPS, max_examples=2, workers=SQL_WORKERS)
 def test_an_exists_subquery_in_an_exists_subquery(spark, nested_exists, workers, steps):
     """exists-basic.sql: ``EXISTS`` in the WHERE of a correlated ``EXISTS`` subquery,
     correlated with that subquery, is a semi (anti) join inside it, as ``IN`` in ``IN``
@@ -83,7 +83,7 @@ CREATE MATERIALIZED VIEW using_three AS
 using_joins = sql_views(USING_JOINS, "using_joins")
 
 
-@at_every_worker_count(SQL_STEPS, max_examples=2)
+@at_every_worker_count(SQL_STEPS, max_examples=2, workers=SQL_WORKERS)
 def test_using_and_natural_joins(spark, using_joins, workers, steps):
     """natural-join.sql, using-join.sql: ``USING (k)`` and ``NATURAL`` joins (inner, left,
     right, full, semi; chained), with Spark's columns: the key once first (the non-NULL
