@@ -175,6 +175,11 @@ SQL_WORKERS = (1, 2)
 every worker count; the operators' exchange at more workers than that is what the
 operator and Nexmark view property tests check at 1, 2 and 4."""
 
+DURABLE_WORKERS = (2,)
+"""The worker count of a durable twin (a pipeline on Delta, dying and recovering, about a
+minute an example) of a property test that runs at :data:`SQL_WORKERS` in memory: what
+the twin adds is the restart.  The SQL file's own durable test runs at both."""
+
 
 def at_every_worker_count(steps: st.SearchStrategy, max_examples: int = 3, workers: tuple[int, ...] = (1, 2, 4)):
     """A property test over random ``steps``, run at each of ``workers``.

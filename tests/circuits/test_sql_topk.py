@@ -82,7 +82,7 @@ def test_top_k_views_equal_spark_batch_sql(spark, circuit, workers, steps):
 @at_every_worker_count(
     harness.with_restart(insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=4)),
     max_examples=1,
-    workers=(1, 2),
+    workers=harness.DURABLE_WORKERS,
 )
 @example(steps=(TIES, Restart(1, "after_output")))
 def test_top_k_views_equal_spark_batch_sql_durably_across_a_restart(spark, circuit, tmp_path_factory, workers, steps):
