@@ -279,17 +279,18 @@ def sql_views(text: str, name: str = "circuit"):
     return circuit
 
 
-def equal_to_spark_batch_sql(text: str, doc: str, max_examples: int = 2):
+def equal_to_spark_batch_sql(text: str, max_examples: int = 2):
     """A property test of the module's ``circuit`` (see :func:`sql_views`) of ``text``: at
     :data:`SQL_WORKERS`, at every step of random inserts and deletes (:data:`SQL_STEPS`),
-    each view's integral equals Spark batch SQL of its text."""
+    each view's integral equals Spark batch SQL of its text (the test's docstring says so)."""
 
     @pytest.mark.slow
     @at_every_worker_count(SQL_STEPS, max_examples=max_examples, workers=SQL_WORKERS)
     def test(spark, circuit, workers, steps):
         equals_spark_batch(spark, text, circuit, steps, workers)
 
-    test.__doc__ = doc
+    workers = " and ".join(map(str, SQL_WORKERS))
+    test.__doc__ = f"Every view equals Spark batch SQL of its text at every step, at {workers} workers."
     return test
 
 

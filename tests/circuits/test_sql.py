@@ -87,9 +87,7 @@ FIXED = (
 )
 """Each worker count dies mid-run on NULLs, duplicates and deletes, and recovers."""
 
-test_sql_views_equal_spark_batch_sql = equal_to_spark_batch_sql(
-    VIEWS, "Every view equals Spark batch SQL of its text at every step, at 1 and 2 workers."
-)
+test_sql_views_equal_spark_batch_sql = equal_to_spark_batch_sql(VIEWS)
 test_sql_views_equal_spark_batch_sql_durably_across_a_restart = durably_equal_to_spark_batch_sql(
     VIEWS,
     """The same property over a real pipeline on Delta: each step's outputs are read back

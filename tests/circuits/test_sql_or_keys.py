@@ -22,9 +22,7 @@ CREATE MATERIALIZED VIEW outer_either AS
 """
 
 circuit = harness.sql_views(VIEWS)
-test_or_joins_equal_spark_batch_sql = harness.equal_to_spark_batch_sql(
-    VIEWS, "Every view equals Spark batch SQL of its text at every step, at 1 and 2 workers."
-)
+test_or_joins_equal_spark_batch_sql = harness.equal_to_spark_batch_sql(VIEWS)
 
 
 def key_texts(circuit) -> list[list[str]]:

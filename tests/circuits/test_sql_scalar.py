@@ -41,9 +41,7 @@ CREATE MATERIALIZED VIEW q22_in_or AS
 
 
 circuit = sql_views(VIEWS)
-test_scalar_subqueries_equal_spark_batch_sql = equal_to_spark_batch_sql(
-    VIEWS, "Every view equals Spark batch SQL of its text at every step, at 1 and 2 workers."
-)
+test_scalar_subqueries_equal_spark_batch_sql = equal_to_spark_batch_sql(VIEWS)
 
 
 def test_scalar_subqueries_over_no_rows(spark, circuit):
