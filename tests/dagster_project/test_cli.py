@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from circuits.daemon import free_port
+from circuits.daemon import free_port, listening
 from dagster_project.cli import dagster_yaml
 from dagster_project.devserver import create_instance
 from dagster_project.event_log import LocalEventLogStorage
@@ -269,7 +269,12 @@ def test_ctrl_c_stops_dbsp_dev_and_everything_it_started_within_10_s(tmp_path):
         while not served(port):
             assert dev.poll() is None and time.monotonic() < deadline, (tmp_path / "dev.log").read_text()[-3000:]
             time.sleep(1)
-        time.sleep(5)  # the daemon ticks the sensor, whose code server starts the embedded broker
+        # The daemon ticks the sensor, whose code server starts the embedded broker (its JARs
+        # resolved first, once per home): Ctrl-C once it serves, so that the note names it.
+        broker = yaml.safe_load(config.read_text())["resources"]["kafka"]["embedded_port"]
+        while not listening(broker):
+            assert dev.poll() is None and time.monotonic() < deadline, (tmp_path / "dev.log").read_text()[-3000:]
+            time.sleep(1)
         started = session_processes(dev.pid)
         assert len(started) >= 5, started  # dbsp, dagster dev, webserver, daemon, code server(s)
 
