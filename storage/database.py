@@ -36,7 +36,6 @@ from .delta import (
     REOPEN_COMMITS,
     WrittenFiles,
     add_actions,
-    apart,
     commit,
     is_latest,
     paths,
@@ -327,7 +326,7 @@ class DeltaStateStore(StateStore):
                 df = whole.withColumn(FILE, worker_of(layout, F.col(VNODE)))
             targets[name] = (self._uri(table), df)
         orders = {f"{STATE}{table}": order for table, order in self._orders.items()}
-        written = write_tables(targets, orders, CLUSTER_ROWS, apart=apart(rows))
+        written = write_tables(targets, orders, CLUSTER_ROWS, size=rows, workers=layout.workers)
         self.written_outputs = {n[len(OUTPUT) :]: w for n, w in written.items() if n.startswith(OUTPUT)}
         self._pending = {n[len(STATE) :]: w for n, w in written.items() if n.startswith(STATE)}
         return {
@@ -359,7 +358,7 @@ class DeltaStateStore(StateStore):
         before = {name: paths(self._pinned(name)) for name in parts}
         counts = [self._rows(name) for name in parts]
         rows = None if None in counts else sum(counts)
-        written = write_tables(parts, self._orders, CLUSTER_ROWS, apart=apart(rows)) if parts else {}
+        written = write_tables(parts, self._orders, CLUSTER_ROWS, size=rows, workers=layout.workers) if parts else {}
         for name, files in written.items():
             self._commit(name, files, "compact", self._version + 1, before[name])
         return {name: (len(before[name]), len(files.actions)) for name, files in written.items()}
@@ -383,7 +382,7 @@ class DeltaStateStore(StateStore):
             files = [f"{table.table_uri.rstrip('/')}/{a['path']}" for a in hit]
             data = read_files(self.spark, self._uri(name), table_schema(table), files, version)
             parts[name] = (self._uri(name), _by_owner(data, layout))
-        written = write_tables(parts, self._orders, CLUSTER_ROWS, apart=apart(rows)) if parts else {}
+        written = write_tables(parts, self._orders, CLUSTER_ROWS, size=rows, workers=layout.workers) if parts else {}
         return Relayout(layout, dict(self._tables), written, removed, rows, nbytes)
 
     def apply_relayout(self, *changes: Relayout) -> None:

@@ -187,9 +187,9 @@ class WrittenFiles:
 APART_ROWS = SMALL_STEP_ROWS
 """A write of more rows than this (a step's input rows, a compaction's or relayout's trace
 rows) sends each table's rows to writer tasks of their own (see :func:`write_tables`,
-``apart``); a smaller one packs them into one union.  Measured (``bench/RESULTS.md``, issue
-30): apart cut a 10M-event first step's server CPU by a third, and made a 1,000-event step
-1.40-1.47x slower."""
+``size``); a smaller one packs them into one union written by one task.  Measured
+(``bench/RESULTS.md``, issue 30): apart cut a 10M-event first step's server CPU by a
+third, and made a 1,000-event step 1.40-1.47x slower."""
 
 
 def apart(rows: int | None) -> bool:
@@ -202,7 +202,8 @@ def write_tables(
     orders: Mapping[str, tuple[str, ...]] | None = None,
     rows: int = 0,
     *,
-    apart: bool = False,
+    size: int | None = None,
+    workers: int = 1,
 ) -> dict[str, WrittenFiles]:
     """Writes every ``name -> (table uri, DataFrame)`` with one Spark job (tables are created
     when missing): a file per Spark partition, or per :data:`FILE` value within it where
@@ -210,12 +211,15 @@ def write_tables(
     ``rows`` rows sorted by its order and cut (see :func:`cut`).  Nothing is committed:
     see :func:`commit`.
 
-    The job's writer tasks are sent every table's rows packed into one union (see
-    :func:`circuits.state.pack`), or, ``apart``, each table's rows to writer tasks of its
-    own, whose descriptions are united: still one job, shared shuffles run once.  Packed,
-    every row carries every table's column (null but its own), which the JVM converts to
-    Arrow for each row: a large write's most costly part.  Apart, each table adds writer
-    tasks (a Python worker each): a small write's most costly part."""
+    ``size`` is the write's rows in all when known (a step's input rows stand for it).  The
+    job's writer tasks are sent every table's rows packed into one union (see
+    :func:`circuits.state.pack`), or, when :func:`apart`, each table's rows to writer tasks
+    of its own, whose descriptions are united: still one job, shared shuffles run once.
+    Packed, every row carries every table's column (null but its own), which the JVM
+    converts to Arrow for each row: a large write's most costly part.  Apart, each table
+    adds writer tasks (a Python worker each): a small write's most costly part, so a small
+    packed union goes to ``workers`` tasks rather than one per table's partition (a step
+    of 29 views on 2 workers ran 91 writer tasks, 125 ms each beyond its rows)."""
     names, orders = list(parts), orders or {}
     targets = {}
     for i, name in enumerate(names):
@@ -226,13 +230,14 @@ def write_tables(
         targets[i] = Target(uri, schema, orders.get(name, ()), rows)
     frames = {name: df for name, (_, df) in parts.items()}
     writer = _writer(targets)
-    if apart:
+    if apart(size):
         # A branch's columns are known: asking Spark for them is a round trip.
         writers = [
             map_in_arrow(b, writer, FILES_SCHEMA, [DEST, part_column(i)]) for i, b in enumerate(branches(frames))
         ]
     else:
-        writers = [map_in_arrow(pack(frames), writer, FILES_SCHEMA, packed_columns(len(names)))]
+        packed = pack(frames) if size is None else pack(frames).coalesce(workers)
+        writers = [map_in_arrow(packed, writer, FILES_SCHEMA, packed_columns(len(names)))]
     try:
         described = add(*writers).collect()
     except Exception as e:

@@ -23,7 +23,6 @@ from circuits.zset import WEIGHT, with_weight_schema
 from .delta import (
     WrittenFiles,
     add_actions,
-    apart,
     arrow_schema,
     commit,
     latest,
@@ -375,7 +374,7 @@ class InputLog:
         if parts:
             step_column = F.lit(step).cast("bigint")
             stepped = {n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()}
-            written |= write_tables(stepped, apart=apart(records))
+            written |= write_tables(stepped, size=records)
         # No empty version for a step without dead letters or byte-ranged sources: a replay
         # that finds none recorded reads the same records and writes the same nothing.
         dead = written.pop(DEAD_LETTERS, None)

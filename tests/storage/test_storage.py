@@ -264,7 +264,7 @@ def test_a_large_step_writes_each_table_apart_and_a_small_one_packed_with_the_sa
     apart, write_tables = [], database.write_tables
 
     def recorded(*args, **kwargs):
-        apart.append(kwargs.get("apart", False))
+        apart.append(delta_module.apart(kwargs.get("size")))
         return write_tables(*args, **kwargs)
 
     monkeypatch.setattr(database, "write_tables", recorded)
@@ -286,7 +286,7 @@ def test_a_large_division_compaction_and_relayout_write_each_table_apart_with_th
     for module in (database, logs):
 
         def recorded(*args, write_tables=module.write_tables, **kwargs):
-            writes.append((inspect.stack()[1].function, kwargs.get("apart", False)))
+            writes.append((inspect.stack()[1].function, delta_module.apart(kwargs.get("size"))))
             return write_tables(*args, **kwargs)
 
         monkeypatch.setattr(module, "write_tables", recorded)
