@@ -65,11 +65,12 @@ SPARK_DEFAULTS = {
 or streaming query (``circuits.spark.ENGINE_CONF``, ``INTERPRETED``)."""
 
 
-def peer_session(spark: SparkSession) -> SparkSession:
+def peer_session(spark: SparkSession, url: str | None = None) -> SparkSession:
     """A session of its own on ``spark``'s server or JVM for the peer (Spark batch SQL,
     Structured Streaming), with Spark's defaults: in the engine's session the peer ran with
-    adaptive execution and broadcast joins off and, after a small step, interpreted rows."""
-    peer = spark.newSession()
+    adaptive execution and broadcast joins off and, after a small step, interpreted rows.
+    Over Spark Connect, ``url`` names the server: a Connect session has no ``newSession``."""
+    peer = SparkSession.builder.remote(url).create() if url else spark.newSession()
     for key, value in SPARK_DEFAULTS.items():
         peer.conf.set(key, value)
     return peer

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bench.common import SPARK_DEFAULTS, integrated_output, rounded
+from bench.common import integrated_output, peer_session, rounded
 from circuits.daemon import free_port
 from circuits.spark import connect_server, remote_session, stop_connect_server
 from circuits.sql import compile_sql, parse_views
@@ -104,9 +104,7 @@ def run(args: argparse.Namespace) -> None:
             count, tasks, largest = jobs.since_last()
             seconds.append(took)
             print(f"  step {step}: {took:6.2f} s  Spark jobs {count:3d}, tasks {tasks:4d} (largest job {largest})")
-        peer = SparkSession.builder.remote(url).create()  # a session of its own, Spark's defaults
-        for key, value in SPARK_DEFAULTS.items():
-            peer.conf.set(key, value)
+        peer = peer_session(spark, url)
         total = args.steps * args.rows
         for name in SCHEMAS:
             rows_of(peer, name, 0, total).drop("_weight").createOrReplaceTempView(name)

@@ -187,9 +187,9 @@ class WrittenFiles:
 APART_ROWS = SMALL_STEP_ROWS
 """A write of more rows than this (a step's input rows, a compaction's or relayout's trace
 rows) sends each table's rows to writer tasks of their own (see :func:`write_tables`,
-``size``); a smaller one packs them into one union written by one task.  Measured
-(``bench/RESULTS.md``, issue 30): apart cut a 10M-event first step's server CPU by a
-third, and made a 1,000-event step 1.40-1.47x slower."""
+``size``); a smaller one packs them into one union, written by as many tasks as the
+step's workers.  Measured (``bench/RESULTS.md``, issue 30): apart cut a 10M-event first
+step's server CPU by a third, and made a 1,000-event step 1.40-1.47x slower."""
 
 
 def apart(rows: int | None) -> bool:
