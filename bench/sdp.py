@@ -3,7 +3,7 @@
 
 The views are the demo's ``circuits/library/nexmark.sql``, unchanged: SDP's project links
 to the file itself and reads the inputs persons, auctions and bids from a second file of
-temporary views over Parquet files (no Maven here, so no Delta for SDP).  The data:
+temporary views over Parquet files (SDP's own process has no Delta JARs).  The data:
 ``--state`` Nexmark events (the demo producer's, events ``0..state``) written as Parquet
 files, and loaded as step 0 of the demo pipeline directly (``Pipeline.submit`` and
 ``run`` on the embedded Spark Connect server that ``dbsp dev`` then uses); then, per
@@ -21,7 +21,7 @@ pipeline maintains them must equal SDP's table.
 
 SDP needs a venv of its own, outside the repository, with the project's PySpark (PyPI):
 
-    python3 -m venv /work/sdp-venv && /work/sdp-venv/bin/pip install "pyspark[pipelines]==4.3.0"
+    python3 -m venv /work/sdp-venv && /work/sdp-venv/bin/pip install "pyspark[pipelines]==4.2.0"
 
     python bench/sdp.py --sdp-python /work/sdp-venv/bin/python --state 1000000 --events 1000 --runs 3
 """

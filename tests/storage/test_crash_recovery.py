@@ -20,6 +20,7 @@ import pytest
 
 from storage.faults import POINTS
 
+from ..conftest import CLASSIC
 from . import workload
 
 STEPS, INTERVAL = 3, 2  # checkpoints after steps 1 and 2
@@ -33,6 +34,15 @@ def reference(spark, tmp_path_factory):
     return workload.output_log(workload.drive(spark, root, 0, STEPS, INTERVAL), STEPS)
 
 
+@pytest.fixture(scope="module")
+def worker_spark(request) -> str:
+    """Where a crash worker computes: a session of its own on the test session's Spark
+    Connect server, as a ``dbsp step`` or the step worker has (the server outlives the
+    killed client, and so may its last Spark job: delta-rs commits in the client, so
+    what that job writes is never committed); ``local[1]`` on a classic run."""
+    return "local[1]" if os.environ.get(CLASSIC) else request.getfixturevalue("connect_url")
+
+
 def scenarios(count: int):
     """Every fault point at a step, then random kills after a random delay."""
     rng = random.Random(2026)
@@ -41,17 +51,17 @@ def scenarios(count: int):
             # every point is reached at the last step of a checkpoint interval
             yield f"{POINTS[i]}:{rng.choice([INTERVAL - 1, STEPS - 1])}", None
         else:
-            yield None, rng.uniform(8, 20)
+            yield None, rng.uniform(1, 12)
 
 
-def crash(root: str, fault: str | None, kill_after: float | None) -> bool:
-    """Runs the workload in a subprocess that dies at ``fault`` or is killed after
-    ``kill_after`` seconds.  Returns whether it died (it may finish first)."""
+def crash(root: str, fault: str | None, kill_after: float | None, master: str) -> bool:
+    """Runs the workload on ``master`` in a subprocess that dies at ``fault`` or is killed
+    after ``kill_after`` seconds.  Returns whether it died (it may finish first)."""
     env = {**os.environ, "PYTHONPATH": str(PROJECT)}
     if fault:
         env["DBSP_FAULT"] = fault
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.storage.workload", root, "0", str(STEPS), str(INTERVAL)],
+        [sys.executable, "-m", "tests.storage.workload", root, "0", str(STEPS), str(INTERVAL), master],
         cwd=PROJECT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -68,11 +78,11 @@ def crash(root: str, fault: str | None, kill_after: float | None) -> bool:
 
 
 @pytest.mark.slow
-def test_recovery_after_kill_9_matches_a_run_without_crashes(spark, reference, tmp_path):
+def test_recovery_after_kill_9_matches_a_run_without_crashes(spark, reference, worker_spark, tmp_path):
     crashes, covered, mismatches = 0, set(), 0
     for i, (fault, kill_after) in enumerate(scenarios(RUNS)):
         root = str(tmp_path / f"run{i}")
-        if crash(root, fault, kill_after):
+        if crash(root, fault, kill_after, worker_spark):
             crashes += 1
             covered.add(fault.split(":")[0] if fault else "random")
         pipeline = workload.drive(spark, root, 0, STEPS, INTERVAL)
