@@ -29,7 +29,7 @@ from ..zset import parse_schema
 from .analyses import Analyses
 from .decimals import exact_average
 from .errors import SqlError
-from .parse import AGGREGATES, DIALECT, RANKING_FUNCTIONS, View, parse_views, rank_bound, read_tables
+from .parse import AGGREGATES, DIALECT, RANKING_FUNCTIONS, View, one_row, parse_views, rank_bound, read_tables
 from .parse import conjuncts as _conjuncts
 
 _JOIN_SIDES = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}
@@ -237,45 +237,41 @@ class _Compiler:
     def query(self, node: exp.Expression, outer: _Scope | None) -> Rel:
         if isinstance(node, exp.Subquery):
             return self.query(node.this, outer)
+        limit, sorts = node.args.get("limit"), _hidden_sorts(node)
         with self.common_tables(node, outer):
             if isinstance(node, exp.Select):
-                rel = self.select(node, outer)
+                rel = self.select(_with_items(node, sorts), outer)
             elif isinstance(node, (exp.Union, exp.Except, exp.Intersect)):
                 rel = self.set_operation(node, outer)
             else:
                 raise SqlError(f"not supported: {type(node).__name__} ({node.sql(DIALECT)[:60]})")
-        return self.limited(node, rel) if node.args.get("limit") else rel
+        return rel if limit is None or one_row(node) else self.limited(node, rel, len(sorts))
 
     # top-k
-    def limited(self, node: exp.Query, rel: Rel) -> Rel:
+    def limited(self, node: exp.Query, rel: Rel, hidden: int) -> Rel:
         """A query's ``ORDER BY o LIMIT k`` (the parser allows it on a view's own query
         only): a global top-k of its rows, ties taken in the order of all their columns.
-        ``o`` may name the select list's columns, by name or position."""
-        scope = _Scope([Col(None, c.name, c.internal) for c in rel.cols])
+        An item of ``o`` that is a position or reads only the select list's names is
+        computed over the select list's columns; the ``hidden`` others were added to the
+        select list (see :func:`_hidden_sorts`) as its last columns, dropped after."""
+        shown = rel.cols[: len(rel.cols) - hidden]
+        scope, added = _Scope([Col(None, c.name, c.internal) for c in shown]), iter(rel.cols[len(shown) :])
         order = []
         for item in node.args["order"].expressions:
             e = item.this
             if isinstance(e, exp.Literal) and not e.is_string:
                 position = int(e.name)
-                if not 1 <= position <= len(rel.cols):
-                    raise SqlError(f"ORDER BY {position}: the select list has {len(rel.cols)} items", node=e)
-                e = exp.column(rel.cols[position - 1].name)
+                if not 1 <= position <= len(shown):
+                    raise SqlError(f"ORDER BY {position}: the select list has {len(shown)} items", node=e)
+                e = exp.column(shown[position - 1].name)
+            elif not _shown_sort(e, _select_names(node)):
+                order.append((next(added).internal, item))
+                continue
             unqualified = e.transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
-            if any(isinstance(n, exp.AggFunc) for n in e.walk()):
-                raise SqlError(
-                    f"ORDER BY {e.sql(DIALECT)} ... LIMIT orders by an aggregate; alias it in the select list "
-                    "and order by the alias",
-                    node=e,
-                )
-            if not scope.is_local(unqualified):
-                raise SqlError(
-                    f"ORDER BY {e.sql(DIALECT)} ... LIMIT reads a column that is not in the select list; "
-                    "select it (the view's rows are what it orders)",
-                    node=e,
-                )
             order.append((self.resolve(unqualified, scope), item))
         k = int(node.args["limit"].expression.name)
-        return self.top_k(rel, [], order, k, "row_number", None)
+        ranked = self.top_k(rel, [], order, k, "row_number", None)
+        return Rel(ranked.stream.select(*[c.internal for c in shown]), shown, ranked.types)
 
     def ranked(self, rel: Rel, scope: _Scope, window: exp.Window) -> tuple[Rel, _Scope]:
         """``rel`` (a FROM's rows) kept where ``window`` (a ranking function, bounded by
@@ -1117,6 +1113,52 @@ def _disjuncts(condition: exp.Expression) -> list[exp.Expression]:
 
 def _and(a: str | None, b: str) -> str:
     return b if a is None else f"({a}) AND ({b})"
+
+
+def _select_names(query: exp.Query) -> set[tuple[str, str]] | None:
+    """The (qualifier, name) pairs by which an ``ORDER BY`` of ``query`` reads its select
+    list, as written: an alias as ``("", alias)``, a column item also by its qualifier (a
+    star's columns are not written out); None for a set operation, whose order reads only
+    its output."""
+    if not isinstance(query, exp.Select):
+        return None
+    names = set()
+    for e in query.expressions:
+        if isinstance(e, exp.Alias):
+            names.add(("", e.alias.lower()))
+        elif isinstance(e, exp.Column) and not isinstance(e.this, exp.Star):
+            names |= {("", e.name.lower()), (e.table.lower(), e.name.lower())}
+    return names
+
+
+def _shown_sort(e: exp.Expression, names: set[tuple[str, str]] | None) -> bool:
+    """Whether the ``ORDER BY`` item ``e`` is computed over the select list (else over the
+    query's input, as a hidden column): it is no aggregate and reads only ``names``."""
+    if names is None:
+        return True
+    return not any(isinstance(n, exp.AggFunc) for n in e.walk()) and all(
+        (c.table.lower(), c.name.lower()) in names for c in e.find_all(exp.Column)
+    )
+
+
+def _hidden_sorts(query: exp.Query) -> list[exp.Expression]:
+    """The items of a view's ``ORDER BY ... LIMIT`` that read what its select list does not
+    show (an aggregate, a column it does not select or selects under an alias), which Spark
+    computes over the query's input: each becomes a select item of its own, dropped after
+    the top-k (see :meth:`_Compiler.limited`)."""
+    order, names = query.args.get("order"), _select_names(query)
+    if query.args.get("limit") is None or order is None or one_row(query):
+        return []
+    items = [o.this for o in order.expressions]
+    return [e for e in items if not (isinstance(e, exp.Literal) and not e.is_string) and not _shown_sort(e, names)]
+
+
+def _with_items(query: exp.Select, items: list[exp.Expression]) -> exp.Select:
+    """``query`` with ``items`` added to its select list, each under a name of its own."""
+    if not items:
+        return query
+    added = [exp.alias_(e.copy(), f"_dbsp_sort{i}") for i, e in enumerate(items)]
+    return query.copy().select(*added, append=True, copy=False)
 
 
 def _is_aggregate(query: exp.Select) -> bool:

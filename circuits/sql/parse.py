@@ -7,6 +7,7 @@ refused here, before any data is read, with the file, line, view and construct.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from sqlglot.tokens import TokenType
 from .errors import SqlError, located
 
 DIALECT = "spark"
+log = logging.getLogger(__name__)
+_IGNORED_ORDER = "ORDER BY without LIMIT is ignored: a maintained view is a set of rows, with no order"
 
 # Constructs whose result is not a function of the inputs' current contents, or that
 # need an order: the reason each is refused.
@@ -203,14 +206,11 @@ def _refuse_unsupported(view: View, statement: str) -> None:
         reason = next((r for kind, r in _REFUSED_NODES.items() if isinstance(node, kind)), None)
         if isinstance(node, exp.Window):
             reason = _window_refusal(node)
-        elif isinstance(node, (exp.Order, exp.Limit)) and node.parent is view.query:
-            reason = _limit_refusal(view.query)
-        elif (
-            isinstance(node, (exp.Order, exp.Limit)) and node.parent.args.get("order") and node.parent.args.get("limit")
-        ):
-            reason = (
-                f"ORDER BY ... LIMIT inside a query (a top-k is the view's own ORDER BY ... LIMIT k, or {_TOP_K_SHAPE})"
-            )
+        elif isinstance(node, (exp.Order, exp.Limit)) and isinstance(node.parent, exp.Query):
+            reason = _limit_refusal(node.parent, top=node.parent is view.query)
+            if isinstance(node, exp.Order) and node.parent.args.get("limit") is None:
+                line = _line_of(statement, node, view.line)
+                log.warning("%s", located(view.file, line, view.name, _IGNORED_ORDER))
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
         if reason is None and _lacking_aggregate(node):
@@ -305,17 +305,37 @@ def rank_bound(window: exp.Window) -> int | None:
     return min(bounds, default=None)
 
 
-def _limit_refusal(query: exp.Query) -> str | None:
-    """Why the view's own ``ORDER BY``/``LIMIT`` is not a top-k, or None if it is one."""
+def _limit_refusal(query: exp.Query, top: bool) -> str | None:
+    """Why ``query``'s ``ORDER BY``/``LIMIT`` is refused (``top``: it is the view's own
+    query), or None.  An ``ORDER BY`` alone is ignored; the view's own ``ORDER BY ...
+    LIMIT k`` is a top-k; a ``LIMIT`` alone is kept over a result of at most one row."""
     limit = query.args.get("limit")
+    if limit is None:
+        return None
     count = limit.expression if isinstance(limit, exp.Limit) else None
+    if count is None or query.args.get("offset") or not (count.name.isdigit() and int(count.name)):
+        what = "LIMIT" if count is None else f"LIMIT {count.sql(DIALECT)}"
+        return f"{what} (only LIMIT k with k a positive integer, no OFFSET)"
     if query.args.get("order") is None:
-        return "LIMIT without ORDER BY (which rows it keeps is not a function of the rows)"
-    if count is None:
-        return "ORDER BY without LIMIT (a maintained view is a set of rows, with no order)"
-    if query.args.get("offset") or not (isinstance(count, exp.Literal) and count.name.isdigit() and int(count.name)):
-        return f"ORDER BY ... LIMIT {count.sql(DIALECT)} (only LIMIT k with k a positive integer, no OFFSET)"
-    return None
+        if one_row(query):
+            return None
+        return "LIMIT without ORDER BY (which rows it keeps is not a function of the rows, unless there is one: a global aggregate)"
+    if top:
+        return None
+    return f"ORDER BY ... LIMIT inside a query (a top-k is the view's own ORDER BY ... LIMIT k, or {_TOP_K_SHAPE})"
+
+
+def one_row(query: exp.Expression) -> bool:
+    """``query`` has at most one row: a global aggregate (a SELECT with aggregates and no
+    ``GROUP BY``), whose ``LIMIT k`` changes nothing."""
+    if not isinstance(query, exp.Select) or query.args.get("group") is not None:
+        return False
+    parts = [e for e in (*query.expressions, query.args.get("having")) if e is not None]
+    return any(
+        isinstance(n, exp.AggFunc) and not isinstance(n.parent, exp.Window)
+        for e in parts
+        for n in e.walk(prune=lambda n: isinstance(n, (exp.Subquery, exp.Query)))
+    )
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:

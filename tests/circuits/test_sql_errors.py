@@ -34,8 +34,9 @@ def refusal(text: str) -> str:
             "without a bound on it",
         ),
         ("SELECT k, sum(v) OVER (PARTITION BY k) AS total FROM a", "the window function"),
-        ("SELECT k FROM a ORDER BY k", "ORDER BY without LIMIT"),
-        ("SELECT k FROM a LIMIT 3", "LIMIT without ORDER BY"),
+        ("SELECT k FROM a LIMIT 0", "LIMIT 0 (only LIMIT k with k a positive integer"),
+        ("SELECT k FROM (SELECT k FROM a LIMIT 3) t", "LIMIT without ORDER BY"),
+        ("SELECT k, count(*) AS n FROM a GROUP BY k LIMIT 3", "LIMIT without ORDER BY"),
         ("SELECT k FROM a ORDER BY k LIMIT 3 OFFSET 1", "no OFFSET"),
         ("SELECT k FROM (SELECT k FROM a ORDER BY k LIMIT 3) t", "ORDER BY ... LIMIT inside a query"),
         ("SELECT k, rand() AS r FROM a", "rand()"),
@@ -133,6 +134,15 @@ def test_compiler_refusals_name_the_construct_seen_and_its_line(spark):
     assert message.startswith("views.sql:4, view 'bad': EXISTS subquery in the select list or HAVING")
     message = compile_refusal(spark, "SELECT k FROM a\nWHERE v > (SELECT x\n  FROM b)")
     assert message.startswith("views.sql:4, view 'bad': a scalar subquery that is not an aggregate")
+
+
+def test_an_order_by_without_limit_is_ignored_with_a_notice(spark, caplog):
+    """A view is a set of rows: its ``ORDER BY`` alone (or a subquery's) changes nothing,
+    and loading the views says so, naming the view and the line."""
+    text = "CREATE MATERIALIZED VIEW sorted AS\n  SELECT k FROM (SELECT k FROM a ORDER BY v) ORDER BY k;"
+    compile_sql(text, SCHEMAS, spark, file="views.sql")
+    notices = [r.getMessage() for r in caplog.records if "ORDER BY without LIMIT is ignored" in r.getMessage()]
+    assert len(notices) == 2 and all(n.startswith("views.sql:2, view 'sorted': ") for n in notices), notices
 
 
 def test_a_correlation_of_a_grouped_subquery_is_refused_as_such(spark):
