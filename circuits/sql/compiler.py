@@ -29,8 +29,19 @@ from ..zset import parse_schema
 from .analyses import Analyses
 from .decimals import exact_average
 from .errors import SqlError
-from .parse import AGGREGATES, DIALECT, RANKING_FUNCTIONS, View, parse_views, rank_bound, read_tables
+from .parse import (
+    AGGREGATES,
+    DIALECT,
+    RANKING_FUNCTIONS,
+    View,
+    is_top_k,
+    parse_views,
+    rank_bound,
+    read_tables,
+    window_call,
+)
 from .parse import conjuncts as _conjuncts
+from .windows import windowed
 
 _JOIN_SIDES = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}
 
@@ -374,8 +385,10 @@ class _Compiler:
         where = node.args.get("where")
         if where is not None:
             rel = self.where(rel, scope, where.this)
-        for window in [w for e in node.expressions for w in _outside_subqueries(e) if isinstance(w, exp.Window)]:
+        windows = [w for e in node.expressions for w in _outside_subqueries(e) if isinstance(w, exp.Window)]
+        for window in filter(is_top_k, windows):
             rel, scope = self.ranked(rel, scope, window)
+        rel, scope = windowed(self, rel, scope, [w for w in windows if not is_top_k(w)])
         if _is_aggregate(node):
             rel, scope, items = self.aggregate(node, rel, scope)
         else:
@@ -1122,7 +1135,7 @@ def _and(a: str | None, b: str) -> str:
 def _is_aggregate(query: exp.Select) -> bool:
     """``query`` groups: it has a GROUP BY, or an aggregate in its select list or HAVING."""
     return query.args.get("group") is not None or any(
-        isinstance(n, exp.AggFunc) and not isinstance(n.parent, exp.Window)  # RANK() OVER is no aggregate
+        isinstance(n, exp.AggFunc) and not window_call(n)
         for e in [*query.expressions, query.args.get("having")]
         if e is not None
         for n in _outside_subqueries(e)
