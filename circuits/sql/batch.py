@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sqlglot import exp
 
 from .parse import DIALECT, parse_views, views_read
-from .windows import tie_broken as window_tie_broken
+from .windows import order_dependent
 
 
 def batch_views(
@@ -56,7 +56,7 @@ def tie_broken(query: str, columns: int) -> str:
     (``struct(*)``), and the view's own ``ORDER BY ... LIMIT`` with its
     columns, by position.  A query with neither is returned as it is."""
     tree = sqlglot.parse_one(query, read=DIALECT)
-    windows = [w for w in tree.find_all(exp.Window) if window_tie_broken(w)]
+    windows = [w for w in tree.find_all(exp.Window) if order_dependent(w)]
     if not windows and not (tree.args.get("limit") and tree.args.get("order")):
         return query
     for window in windows:

@@ -89,8 +89,8 @@ class _Scope:
     aliases: dict[str, exp.Expression] = field(default_factory=dict)
     """Select-list aliases that GROUP BY and HAVING may name (Spark resolves them)."""
     scalars: dict[str, str] = field(default_factory=dict)
-    """The scalar subqueries joined into the relation and the ranking windows computed
-    into it (their SQL): each one's value, as Spark SQL over internal names."""
+    """The scalar subqueries joined into the relation and the windows computed into it
+    (their SQL): each one's value, as Spark SQL over internal names."""
 
     def find(self, column: exp.Column) -> Col | None:
         name, table = column.name.lower(), column.table.lower()
@@ -385,10 +385,14 @@ class _Compiler:
         where = node.args.get("where")
         if where is not None:
             rel = self.where(rel, scope, where.this)
-        windows = [w for e in node.expressions for w in _outside_subqueries(e) if isinstance(w, exp.Window)]
+        qualify = node.args.get("qualify")
+        over = [*node.expressions, *([qualify.this] if qualify else [])]
+        windows = [w for e in over for w in _outside_subqueries(e) if isinstance(w, exp.Window)]
         for window in filter(is_top_k, windows):
             rel, scope = self.ranked(rel, scope, window)
         rel, scope = windowed(self, rel, scope, [w for w in windows if not is_top_k(w)])
+        if qualify is not None:
+            rel = self.where(rel, scope, qualify.this)
         if _is_aggregate(node):
             rel, scope, items = self.aggregate(node, rel, scope)
         else:

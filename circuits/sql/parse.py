@@ -205,6 +205,8 @@ def _refuse_unsupported(view: View, statement: str) -> None:
             reason = _window_refusal(node)
         elif isinstance(node, (exp.Order, exp.Limit)) and node.parent is view.query:
             reason = _limit_refusal(view.query)
+        elif isinstance(node, exp.Qualify) and (node.parent.args.get("group") or _aggregated(node.parent)):
+            reason = "QUALIFY in a query with GROUP BY or aggregates; filter the groups with HAVING"
         elif (
             isinstance(node, (exp.Order, exp.Limit)) and node.parent.args.get("order") and node.parent.args.get("limit")
         ):
@@ -254,7 +256,11 @@ _TOP_K_SHAPE = (
 
 
 WINDOW_FUNCTIONS: dict[type[exp.Expression], str] = {
-    **{kind: name for kind, name in AGGREGATES.items() if kind in (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)},
+    exp.Sum: "sum",
+    exp.Count: "count",
+    exp.Avg: "avg",
+    exp.Min: "min",
+    exp.Max: "max",
     exp.Lag: "lag",
     exp.Lead: "lead",
     exp.FirstValue: "first_value",
@@ -266,7 +272,6 @@ WINDOW_FUNCTIONS: dict[type[exp.Expression], str] = {
     exp.Ntile: "ntile",
 }
 """The functions the engine maintains as window columns (``f(...) OVER (...)``)."""
-_WINDOWED = "sum, count, avg, min, max, lag, lead, first_value, last_value, nth_value, row_number, rank, dense_rank, percent_rank, cume_dist and ntile"
 _PICKED = (exp.FirstValue, exp.LastValue, exp.NthValue)
 
 
@@ -300,12 +305,14 @@ def _window_refusal(window: exp.Window) -> str | None:
     """Why ``window`` is neither a top-k nor a window column the engine maintains, or None."""
     text = window.sql(DIALECT)[:80]
     select = window.find_ancestor(exp.Select)
-    if window.args.get("alias") or window.arg_key == "windows":
+    if window.arg_key == "windows":
+        return None  # a named window's definition: its uses are checked
+    if window.args.get("alias"):
         return f"the named window {text} (WINDOW w AS ...); write the window in OVER (...)"
     if is_top_k(window):
         return None
     if type(window_function(window)) not in WINDOW_FUNCTIONS:
-        return f"the window function {text} (the engine maintains {_WINDOWED} over a window)"
+        return f"the window function {text} (the engine maintains {', '.join(WINDOW_FUNCTIONS.values())} over a window)"
     if select is not None and (select.args.get("group") or _aggregated(select)):
         return (
             f"{text} in a query with GROUP BY or aggregates (Spark computes it over the groups); aggregate "

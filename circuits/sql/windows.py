@@ -31,7 +31,7 @@ ORDERED = (exp.RowNumber, exp.Ntile, exp.Lag, exp.Lead)
 any frame (they take none)."""
 
 
-def tie_broken(window: exp.Window) -> bool:
+def order_dependent(window: exp.Window) -> bool:
     """``window``'s value depends on the order of its rows tied under its ``ORDER BY``."""
     return isinstance(window_function(window), ORDERED) or rows_frame(window)
 
@@ -72,7 +72,7 @@ def _spec(compiler: _Compiler, window: exp.Window, scope: _Scope, ties: list[str
     """``window``'s ``ORDER BY`` (its tie-break appended, if it needs one) and frame, as
     Spark SQL over internal names."""
     order = [compiler.resolve(o, scope) for o in (window.args.get("order") or exp.Order()).expressions]
-    if tie_broken(window):
+    if order_dependent(window):
         order += [f"{c} ASC NULLS FIRST" for c in ties]
     frame = window.args.get("spec")
     return " ".join([f"ORDER BY {', '.join(order)}" if order else "", compiler.resolve(frame, scope) if frame else ""])

@@ -1,6 +1,6 @@
 """Window functions as columns of SQL views (aggregates over running, moving and whole
 partition frames; ``LAG``/``LEAD``, ``FIRST_VALUE``/``LAST_VALUE``/``NTH_VALUE``; ranks
-without a bound) equal Spark batch SQL of the same text over the integrated inputs at
+without a bound; ``QUALIFY``) equal Spark batch SQL of the same text over the integrated inputs at
 every step (hypothesis), at :data:`~tests.circuits.harness.SQL_WORKERS`, in memory.
 
 The data has ties (few distinct values, duplicates, NULLs in the partition and order
@@ -13,14 +13,7 @@ different orders as it likes, in batch as in the engine."""
 
 from __future__ import annotations
 
-import pytest
-from hypothesis import example
-
-from circuits.sql import SqlError, compile_sql
-
 from . import harness
-from .harness import SQL_SCHEMAS as SCHEMAS
-from .harness import SQL_WORKERS, a_rows, at_every_worker_count, b_rows, insert_delete_steps
 
 VIEWS = """
 CREATE MATERIALIZED VIEW running AS
@@ -54,7 +47,8 @@ CREATE MATERIALIZED VIEW joined AS
   SELECT a.k, a.v, b.x,
          sum(b.x) OVER (PARTITION BY a.k ORDER BY a.v, b.x ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS pair,
          count(b.d) OVER (PARTITION BY a.s) AS ds
-  FROM a JOIN b ON a.k = b.k;
+  FROM a JOIN b ON a.k = b.k
+  QUALIFY pair IS NULL OR pair > 2 OR row_number() OVER (PARTITION BY a.k ORDER BY a.v, b.x) = 1;
 CREATE TEMPORARY VIEW counts AS SELECT k, count(*) AS n FROM b GROUP BY k;
 CREATE MATERIALIZED VIEW shares AS
   SELECT k, n, n / sum(n) OVER () AS part, rank() OVER (ORDER BY n DESC) AS place FROM counts;
@@ -76,39 +70,9 @@ TIES = [
 ]
 
 
-@pytest.mark.slow
-@at_every_worker_count(
-    insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=1, workers=SQL_WORKERS
+test_window_views_equal_spark_batch_sql = harness.tie_broken_equal_to_spark_batch_sql(
+    VIEWS,
+    "Every window view equals Spark batch SQL of its text, ties broken as the engine breaks them, at every step.",
+    TIES,
+    max_examples=1,
 )
-@example(steps=TIES)
-def test_window_views_equal_spark_batch_sql(spark, circuit, workers, steps):
-    harness.run_and_compare(spark, circuit, steps, workers, harness.tie_broken_batch_integrals(spark, VIEWS, SCHEMAS))
-
-
-def refusal(spark, text: str) -> str:
-    with pytest.raises(SqlError) as raised:
-        compile_sql(text, SCHEMAS, spark)
-    return str(raised.value)
-
-
-def test_a_window_in_a_query_with_group_by_is_refused(spark):
-    message = refusal(
-        spark,
-        "CREATE MATERIALIZED VIEW top AS\n  SELECT k, sum(x) AS t,\n    rank() OVER (ORDER BY sum(x)) AS r FROM b GROUP BY k;",
-    )
-    assert "view 'top'" in message and ":3" in message and "GROUP BY or aggregates" in message
-    assert "aggregate in a subquery in FROM" in message
-
-
-def test_first_value_over_a_range_frame_is_refused(spark):
-    message = refusal(
-        spark, "CREATE MATERIALIZED VIEW f AS SELECT k, first_value(v) OVER (PARTITION BY k ORDER BY v) AS f FROM a;"
-    )
-    assert "RANGE frame" in message and "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING" in message
-
-
-def test_an_unmaintained_window_function_is_refused(spark):
-    message = refusal(
-        spark, "CREATE MATERIALIZED VIEW c AS SELECT k, collect_list(v) OVER (PARTITION BY k) AS l FROM a;"
-    )
-    assert "collect_list" in message.lower() and "lag, lead" in message
