@@ -370,6 +370,14 @@ class Stream:
             _check_name("column", rank_column)
         return self._then(ops.TopK(tuple(partition), tuple(order), k, ranking, rank_column))
 
+    def window(self, partition: Sequence[str], functions: Sequence[tuple[str, str, str]]) -> Stream:
+        """Each row with the window functions ``(name, call, spec)`` over its partition (per
+        value of the ``partition`` columns; none: one partition); see
+        :class:`circuits.operators.WindowFunctions`."""
+        for name, _, _ in functions:
+            _check_name("column", name)
+        return self._then(ops.WindowFunctions(tuple(partition), tuple(tuple(f) for f in functions)))
+
     # time
     def integrate(self) -> Stream:
         return self._then(ops.Integrate())

@@ -1,4 +1,4 @@
-"""Incremental operators, one module per family: linear, bilinear, non-linear, top-k, time, keyed (KLogs)."""
+"""Incremental operators, one module per family: linear, bilinear, non-linear, top-k, window functions, time, keyed (KLogs)."""
 
 from .base import Operator
 from .bilinear import Join, KeyedJoin
@@ -7,6 +7,7 @@ from .linear import Filter, FlatMap, Input, Negate, Select, Union
 from .nonlinear import AGG_KINDS, Agg, Aggregate, DefaultRow, Distinct, SetOperation
 from .time import Delay, Differentiate, Integrate
 from .topk import SortKey, TopK
+from .window import WindowFunctions
 
 __all__ = [
     "AGG_KINDS",
@@ -31,4 +32,5 @@ __all__ = [
     "SortKey",
     "TopK",
     "Union",
+    "WindowFunctions",
 ]

@@ -18,12 +18,11 @@ from pyspark.sql import functions as F
 from ..context import NodeContext
 from ..errors import CircuitDefinitionError
 from ..sharding import PART
-from ..zset import WEIGHT, add, consolidate, data_columns, weight
+from ..zset import WEIGHT, consolidate, weight
 from .base import Operator
+from .partitioned import partitionwise
 
 RANKINGS = ("row_number", "rank", "dense_rank")
-_GROUP = "_group"
-"""The one partition key of a top-k without one (a global top-k: one group)."""
 _BEFORE = "_before"
 _RANK = "_rank"
 
@@ -105,20 +104,7 @@ class TopK(Operator):
         }
 
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
-        columns = data_columns(ctx.schema(0, delta))
-        keys = list(self.partition) or [_GROUP]
-        d = (
-            delta.select(*columns, weight())
-            if self.partition
-            else delta.select(*columns, F.lit(0).alias(_GROUP), weight())
-        )
-        d = ctx.keyed(d, keys)
-        old = ctx.share(ctx.lookup("trace", d, keys, d, null_safe=True))
-        ctx.stage("trace", d)
-        ranked = [*columns, *([self.rank_column] if self.rank_column else [])]
-        before = self._top(old, keys, columns).select(PART, *ranked, (-weight()).alias(WEIGHT))
-        after = self._top(add(old, d), keys, columns).select(PART, *ranked, weight())
-        return consolidate(add(after, before), routed=True).drop(PART)
+        return partitionwise(ctx, delta, self.partition, self._top)
 
     def _top(self, z: DataFrame, keys: list[str], columns: list[str]) -> DataFrame:
         """The rows of ``z`` (keyed, sitting on their workers) ranked ``<= k`` in their

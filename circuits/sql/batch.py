@@ -9,6 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sqlglot import exp
 
 from .parse import DIALECT, parse_views, views_read
+from .windows import order_dependent
 
 
 def batch_views(
@@ -50,14 +51,17 @@ def standalone_sql(text: str, file: str = "<sql>") -> dict[str, str]:
 def tie_broken(query: str, columns: int) -> str:
     """``query`` (a view's Spark SQL, of ``columns`` columns) with the engine's choice among
     ties made explicit, so that Spark batch SQL of it gives the one answer the engine
-    maintains (of those Spark may give): each ``ROW_NUMBER()``'s order ends with the
-    ranked rows' columns (``struct(*)``), and the view's own ``ORDER BY ... LIMIT`` with its
+    maintains (of those Spark may give): the order of each window whose value depends on
+    the order of tied rows (see :mod:`circuits.sql.windows`) ends with the rows' columns
+    (``struct(*)``), and the view's own ``ORDER BY ... LIMIT`` with its
     columns, by position.  A query with neither is returned as it is."""
     tree = sqlglot.parse_one(query, read=DIALECT)
-    windows = [w for w in tree.find_all(exp.Window) if isinstance(w.this, exp.RowNumber)]
+    windows = [w for w in tree.find_all(exp.Window) if order_dependent(w)]
     if not windows and not (tree.args.get("limit") and tree.args.get("order")):
         return query
     for window in windows:
+        if window.args.get("order") is None:
+            window.set("order", exp.Order(expressions=[]))
         window.args["order"].append("expressions", exp.Ordered(this=exp.func("struct", exp.Star()), nulls_first=True))
     if tree.args.get("limit") and tree.args.get("order"):
         for position in range(1, columns + 1):

@@ -29,8 +29,20 @@ from ..zset import parse_schema
 from .analyses import Analyses
 from .decimals import exact_average
 from .errors import SqlError
-from .parse import AGGREGATES, DIALECT, RANKING_FUNCTIONS, View, one_row, parse_views, rank_bound, read_tables
+from .parse import (
+    AGGREGATES,
+    DIALECT,
+    RANKING_FUNCTIONS,
+    View,
+    is_top_k,
+    one_row,
+    parse_views,
+    rank_bound,
+    read_tables,
+    window_call,
+)
 from .parse import conjuncts as _conjuncts
+from .windows import windowed
 
 _JOIN_SIDES = {"": "inner", "LEFT": "left", "RIGHT": "right", "FULL": "full"}
 
@@ -78,8 +90,8 @@ class _Scope:
     aliases: dict[str, exp.Expression] = field(default_factory=dict)
     """Select-list aliases that GROUP BY and HAVING may name (Spark resolves them)."""
     scalars: dict[str, str] = field(default_factory=dict)
-    """The scalar subqueries joined into the relation and the ranking windows computed
-    into it (their SQL): each one's value, as Spark SQL over internal names."""
+    """The scalar subqueries joined into the relation and the windows computed into it
+    (their SQL): each one's value, as Spark SQL over internal names."""
 
     def find(self, column: exp.Column) -> Col | None:
         name, table = column.name.lower(), column.table.lower()
@@ -370,8 +382,14 @@ class _Compiler:
         where = node.args.get("where")
         if where is not None:
             rel = self.where(rel, scope, where.this)
-        for window in [w for e in node.expressions for w in _outside_subqueries(e) if isinstance(w, exp.Window)]:
+        qualify = node.args.get("qualify")
+        over = [*node.expressions, *([qualify.this] if qualify else [])]
+        windows = [w for e in over for w in _outside_subqueries(e) if isinstance(w, exp.Window)]
+        for window in filter(is_top_k, windows):
             rel, scope = self.ranked(rel, scope, window)
+        rel, scope = windowed(self, rel, scope, [w for w in windows if not is_top_k(w)])
+        if qualify is not None:
+            rel = self.where(rel, scope, qualify.this)
         if _is_aggregate(node):
             rel, scope, items = self.aggregate(node, rel, scope)
         else:
@@ -1164,7 +1182,7 @@ def _with_items(query: exp.Select, items: list[exp.Expression]) -> exp.Select:
 def _is_aggregate(query: exp.Select) -> bool:
     """``query`` groups: it has a GROUP BY, or an aggregate in its select list or HAVING."""
     return query.args.get("group") is not None or any(
-        isinstance(n, exp.AggFunc) and not isinstance(n.parent, exp.Window)  # RANK() OVER is no aggregate
+        isinstance(n, exp.AggFunc) and not window_call(n)
         for e in [*query.expressions, query.args.get("having")]
         if e is not None
         for n in _outside_subqueries(e)

@@ -211,6 +211,8 @@ def _refuse_unsupported(view: View, statement: str) -> None:
             if isinstance(node, exp.Order) and node.parent.args.get("limit") is None:
                 line = _line_of(statement, node, view.line)
                 log.warning("%s", located(view.file, line, view.name, _IGNORED_ORDER))
+        elif isinstance(node, exp.Qualify) and (node.parent.args.get("group") or _aggregated(node.parent)):
+            reason = "QUALIFY in a query with GROUP BY or aggregates; filter the groups with HAVING"
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
         if reason is None and _lacking_aggregate(node):
@@ -235,7 +237,7 @@ def _boolean_aggregate(node: exp.Expression) -> exp.Expression:
 def _lacking_aggregate(node: exp.Expression) -> bool:
     """``node`` calls an aggregate the engine does not maintain (a window's own function
     is the window's refusal)."""
-    if isinstance(node.parent, exp.Window):
+    if window_call(node):
         return False
     unparsed = isinstance(node, exp.Anonymous) and node.name.lower() in _UNPARSED_AGGREGATES
     return unparsed or (isinstance(node, exp.AggFunc) and type(node) not in AGGREGATES)
@@ -253,13 +255,90 @@ _TOP_K_SHAPE = (
 )
 
 
+WINDOW_FUNCTIONS: dict[type[exp.Expression], str] = {
+    exp.Sum: "sum",
+    exp.Count: "count",
+    exp.Avg: "avg",
+    exp.Min: "min",
+    exp.Max: "max",
+    exp.Lag: "lag",
+    exp.Lead: "lead",
+    exp.FirstValue: "first_value",
+    exp.LastValue: "last_value",
+    exp.NthValue: "nth_value",
+    **RANKING_FUNCTIONS,
+    exp.PercentRank: "percent_rank",
+    exp.CumeDist: "cume_dist",
+    exp.Ntile: "ntile",
+}
+"""The functions the engine maintains as window columns (``f(...) OVER (...)``)."""
+_PICKED = (exp.FirstValue, exp.LastValue, exp.NthValue)
+
+
+def window_call(node: exp.Expression) -> bool:
+    """``node`` is the function a window computes (``RANK() OVER`` is no aggregate)."""
+    parent = node.parent
+    if isinstance(parent, (exp.IgnoreNulls, exp.RespectNulls)):
+        parent = parent.parent
+    return isinstance(parent, exp.Window) and (parent.this is node or parent.this is node.parent)
+
+
+def window_function(window: exp.Window) -> exp.Expression:
+    """The function ``window`` computes (``IGNORE NULLS``/``RESPECT NULLS`` unwrapped)."""
+    call = window.this
+    return call.this if isinstance(call, (exp.IgnoreNulls, exp.RespectNulls)) else call
+
+
+def is_top_k(window: exp.Window) -> bool:
+    """``window`` is a ranking bounded in its enclosing query: a top-k (:func:`rank_bound`)."""
+    ranking = type(window.this) in RANKING_FUNCTIONS and not window.args.get("spec") and window.args.get("order")
+    return bool(ranking) and rank_bound(window) is not None
+
+
+def rows_frame(window: exp.Window) -> bool:
+    """``window``'s frame is ``ROWS BETWEEN ...`` (not ``RANGE``, nor the default)."""
+    spec = window.args.get("spec")
+    return spec is not None and str(spec.args.get("kind", "")).upper() == "ROWS"
+
+
 def _window_refusal(window: exp.Window) -> str | None:
-    """Why ``window`` is not a top-k the engine maintains, or None if it is one."""
-    if type(window.this) not in RANKING_FUNCTIONS or window.args.get("spec") or not window.args.get("order"):
-        return f"the window function {window.sql(DIALECT)[:80]} (only a top-k: {_TOP_K_SHAPE})"
-    if rank_bound(window) is None:
-        return f"{window.sql(DIALECT)[:80]} without a bound on it in the enclosing query (a top-k is {_TOP_K_SHAPE})"
+    """Why ``window`` is neither a top-k nor a window column the engine maintains, or None."""
+    text = window.sql(DIALECT)[:80]
+    select = window.find_ancestor(exp.Select)
+    if window.arg_key == "windows":
+        return None  # a named window's definition: its uses are checked
+    if window.args.get("alias"):
+        return f"the named window {text} (WINDOW w AS ...); write the window in OVER (...)"
+    if is_top_k(window):
+        return None
+    if type(window_function(window)) not in WINDOW_FUNCTIONS:
+        return f"the window function {text} (the engine maintains {', '.join(WINDOW_FUNCTIONS.values())} over a window)"
+    if select is not None and (select.args.get("group") or _aggregated(select)):
+        return (
+            f"{text} in a query with GROUP BY or aggregates (Spark computes it over the groups); aggregate "
+            "in a subquery in FROM (or a view) and compute the window in the query that reads it"
+        )
+    if (
+        select is None
+        or isinstance(select.parent, (exp.In, exp.Exists))
+        or isinstance(select.parent and select.parent.parent, (exp.In, exp.Exists))
+    ):
+        return f"{text} in an IN or EXISTS subquery; compute it in a subquery in FROM (or a view)"
+    if isinstance(window_function(window), _PICKED) and not rows_frame(window):
+        return (
+            f"{text} over a RANGE frame (the default), where Spark picks any of the rows tied under ORDER BY; "
+            "give it ORDER BY and a ROWS frame: ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING"
+        )
     return None
+
+
+def _aggregated(select: exp.Select) -> bool:
+    """``select``'s list calls an aggregate outside window functions."""
+    return any(
+        isinstance(n, exp.AggFunc) and not window_call(n)
+        for e in select.expressions
+        for n in e.walk(prune=lambda n: isinstance(n, exp.Subquery))
+    )
 
 
 def ranking_select(window: exp.Window) -> exp.Select | None:
@@ -326,16 +405,9 @@ def _limit_refusal(query: exp.Query, top: bool) -> str | None:
 
 
 def one_row(query: exp.Expression) -> bool:
-    """``query`` has at most one row: a global aggregate (a SELECT with aggregates and no
+    """``query`` has at most one row: a global aggregate (a SELECT of aggregates and no
     ``GROUP BY``), whose ``LIMIT k`` changes nothing."""
-    if not isinstance(query, exp.Select) or query.args.get("group") is not None:
-        return False
-    parts = [e for e in (*query.expressions, query.args.get("having")) if e is not None]
-    return any(
-        isinstance(n, exp.AggFunc) and not isinstance(n.parent, exp.Window)
-        for e in parts
-        for n in e.walk(prune=lambda n: isinstance(n, (exp.Subquery, exp.Query)))
-    )
+    return isinstance(query, exp.Select) and query.args.get("group") is None and _aggregated(query)
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:

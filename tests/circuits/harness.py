@@ -309,3 +309,19 @@ def durably_equal_to_spark_batch_sql(
 
     test.__doc__ = doc
     return test
+
+
+def tie_broken_equal_to_spark_batch_sql(text: str, doc: str, fixed: list, max_examples: int = 2):
+    """A property test of the module's ``circuit`` of ``text`` at :data:`SQL_WORKERS`:
+    at every step of :data:`SQL_STEPS`, each view's integral equals Spark batch SQL of its
+    text with the engine's tie-break (:func:`tie_broken_batch_integrals`); ``fixed`` (steps)
+    is an example of its own, run first."""
+
+    @pytest.mark.slow
+    @at_every_worker_count(SQL_STEPS, max_examples=max_examples, workers=SQL_WORKERS)
+    @example(steps=fixed)
+    def test(spark, circuit, workers, steps):
+        run_and_compare(spark, circuit, steps, workers, tie_broken_batch_integrals(spark, text, SQL_SCHEMAS))
+
+    test.__doc__ = doc
+    return test

@@ -21,19 +21,16 @@ def refusal(text: str) -> str:
 @pytest.mark.parametrize(
     "query, construct",
     [
-        ("SELECT k, row_number() OVER (PARTITION BY k ORDER BY v) AS r FROM a", "without a bound on it"),
-        ("SELECT k, r FROM (SELECT k, ntile(2) OVER (ORDER BY v) AS r FROM a) WHERE r <= 1", "NTILE(2)"),
-        ("SELECT k FROM (SELECT k, rank() OVER (ORDER BY v) AS r FROM a) WHERE r > 3", "without a bound on it"),
-        (
-            "SELECT k FROM (SELECT k, rank() OVER (ORDER BY v ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS r FROM a) "
-            "WHERE r <= 3",
-            "the window function",
-        ),
         (
             "SELECT k FROM (SELECT k, count(*) AS n, rank() OVER (ORDER BY k) AS r FROM a GROUP BY k) WHERE r <= 3",
-            "without a bound on it",
+            "in a query with GROUP BY or aggregates (Spark computes it over the groups); aggregate in a subquery",
         ),
-        ("SELECT k, sum(v) OVER (PARTITION BY k) AS total FROM a", "the window function"),
+        ("SELECT k, sum(sum(v)) OVER () AS s FROM a GROUP BY k", "in a query with GROUP BY or aggregates"),
+        ("SELECT k, collect_list(v) OVER (PARTITION BY k) AS l FROM a", "the window function COLLECT_LIST(v)"),
+        ("SELECT k, first_value(v) OVER (PARTITION BY k ORDER BY v) AS f FROM a", "over a RANGE frame (the default)"),
+        ("SELECT k, sum(v) OVER w AS s FROM a WINDOW w AS (PARTITION BY k)", "the named window"),
+        ("SELECT k FROM a WHERE v IN (SELECT lag(x) OVER (ORDER BY x) FROM b)", "in an IN or EXISTS subquery"),
+        ("SELECT k, count(*) AS n FROM a GROUP BY k QUALIFY n > 1", "QUALIFY in a query with GROUP BY"),
         ("SELECT k FROM a LIMIT 0", "LIMIT 0 (only LIMIT k with k a positive integer"),
         ("SELECT k FROM (SELECT k FROM a LIMIT 3) t", "LIMIT without ORDER BY"),
         ("SELECT k, count(*) AS n FROM a GROUP BY k LIMIT 3", "LIMIT without ORDER BY"),

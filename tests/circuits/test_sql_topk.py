@@ -23,7 +23,7 @@ from circuits.sql.batch import tie_broken
 
 from . import harness
 from .harness import SQL_SCHEMAS as SCHEMAS
-from .harness import SQL_WORKERS, Restart, a_rows, at_every_worker_count, b_rows, insert_delete_steps
+from .harness import Restart, a_rows, at_every_worker_count, b_rows, insert_delete_steps
 
 VIEWS = """
 CREATE MATERIALIZED VIEW top_two AS
@@ -77,13 +77,12 @@ TIES = [
 ]
 
 
-@pytest.mark.slow
-@at_every_worker_count(
-    insert_delete_steps({"a": a_rows, "b": b_rows}, max_steps=3, max_rows=5), max_examples=2, workers=SQL_WORKERS
+test_top_k_views_equal_spark_batch_sql = harness.tie_broken_equal_to_spark_batch_sql(
+    VIEWS,
+    "Every top-k view equals Spark batch SQL of its text, ties broken as the engine breaks them, at every step.",
+    TIES,
+    max_examples=2,
 )
-@example(steps=TIES)
-def test_top_k_views_equal_spark_batch_sql(spark, circuit, workers, steps):
-    harness.run_and_compare(spark, circuit, steps, workers, harness.tie_broken_batch_integrals(spark, VIEWS, SCHEMAS))
 
 
 @pytest.mark.slow
