@@ -83,9 +83,9 @@ def start_child(args: argparse.Namespace):
 def instrumented_run(pipeline) -> int:
     """``pipeline.run()``, emitting the end of its ``open`` and every output commit (seconds
     since the run started, with the pipeline's phase timings so far)."""
-    import storage.worker as worker_module
+    import storage.pipeline as pipeline_module
 
-    original_open, original_failpoint = pipeline.open, worker_module.failpoint
+    original_open, original_failpoint = pipeline.open, pipeline_module.failpoint
     started = time.perf_counter()
 
     def open_() -> None:
@@ -99,12 +99,12 @@ def instrumented_run(pipeline) -> int:
         original_failpoint(point, step)  # DBSP_FAULT=after_output:<step> dies here
 
     pipeline.open = open_
-    worker_module.failpoint = failpoint
+    pipeline_module.failpoint = failpoint
     try:
         next_step = pipeline.run()
     finally:
         del pipeline.open
-        worker_module.failpoint = original_failpoint
+        pipeline_module.failpoint = original_failpoint
     emit("done", at=time.perf_counter() - started, next_step=next_step, timings=dict(pipeline.timings))
     return next_step
 

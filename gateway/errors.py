@@ -6,12 +6,7 @@ Settings are named as in ``dbsp.yaml``: ``gateway.buffers``, ``gateway.buffer_si
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from circuits.errors import DbspError
-
-if TYPE_CHECKING:
-    from .sources import Source
 
 
 class GatewayError(DbspError):
@@ -41,13 +36,3 @@ class SourceFailed(GatewayError):
 class SourceGone(SourceFailed):
     """The source's data is gone for good (a tailed file was deleted): the executor reports
     it, delivers what was read and ends the source without retrying."""
-
-
-class SourceReplaced(SourceFailed):
-    """The source must start over as a new one (a tailed file was truncated below its
-    cursor): the executor reports it, delivers what was read, ends the source and adds
-    ``successor`` (a new generation with its own id) in its place."""
-
-    def __init__(self, source_id: str, reason: str, successor: Source):
-        super().__init__(source_id, reason)
-        self.successor = successor

@@ -26,7 +26,7 @@ after a backoff doubling from ``backoff[0]`` to at most ``backoff[1]`` seconds (
 the source reads again), opened again; a re-readable source resumes at its position.
 Other sources go on meanwhile.  Exceptions: a source that is not ``restartable`` (a TCP
 connection) ends with status ``failed``; :class:`~.errors.SourceGone` ends it with
-status ``gone``; :class:`~.errors.SourceReplaced` ends it with status ``replaced`` and
+status ``gone``; :class:`~.sources.SourceReplaced` ends it with status ``replaced`` and
 adds its successor.  End of stream ends a source with status ``finished``.
 """
 
@@ -39,9 +39,9 @@ import threading
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 
-from .errors import GatewayConfigError, GatewayError, SourceGone, SourceReplaced
+from .errors import GatewayConfigError, GatewayError, SourceGone
 from .pool import Buffer, BufferPool
-from .sources import Source, SyncSource, ThreadedSource
+from .sources import Source, SourceReplaced, SyncSource, ThreadedSource
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
-from .errors import GatewayConfigError, GatewayError, SourceFailed, SourceGone, SourceReplaced
+from .errors import GatewayConfigError, GatewayError, SourceFailed, SourceGone
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,16 @@ class Source(_Base, ABC):
     @abstractmethod
     async def fill(self, buffer: memoryview) -> int:
         """Writes the next bytes into ``buffer``: how many (0 at end of stream)."""
+
+
+class SourceReplaced(SourceFailed):
+    """The source must start over as a new one (a tailed file was truncated below its
+    cursor): the executor reports it, delivers what was read, ends the source and adds
+    ``successor`` (a new generation with its own id) in its place."""
+
+    def __init__(self, source_id: str, reason: str, successor: Source):
+        super().__init__(source_id, reason)
+        self.successor = successor
 
 
 class SyncSource(_Base, ABC):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gateway.errors import GatewayConfigError, SourceFailed, SourceGone, SourceReplaced
+from gateway.errors import GatewayConfigError, SourceFailed, SourceGone
 from gateway.executor import AsyncSourceExecutor
 from gateway.pool import BufferPool
 from gateway.sources import (
@@ -15,6 +15,7 @@ from gateway.sources import (
     FileSource,
     GeneratorSource,
     HttpPollSource,
+    SourceReplaced,
     SyncGeneratorSource,
     SyncSource,
     TcpListener,

@@ -368,7 +368,7 @@ def test_vacuum_keeps_what_recovery_from_the_earliest_checkpoint_needs(spark, pi
 def test_a_paused_worker_stops_every_step_at_the_same_boundary_and_checkpoints(spark, tmp_path):
     import time
 
-    from storage.worker import Worker
+    from storage.pipeline import Worker
 
     p = Pipeline(spark, str(tmp_path / "paused"), word_count())
     submit_all(spark, p, STEPS[:1])  # only step 0 has input so far
