@@ -83,11 +83,12 @@ def _grouping_sets(select: exp.Select) -> tuple[list[exp.Expression], list[list[
         for item in items:
             if isinstance(item, _GROUPING):
                 raise SqlError(
-                    f"{item.sql('spark')} before GROUPING SETS (...) without a comma; "
-                    "list plain columns there, or separate the items with commas",
+                    f"{item.sql('spark')} before GROUPING SETS (...) without a comma: "
+                    "list the plain grouping expressions there, or separate the items with commas",
                     node=item,
                 )
-            columns.setdefault(_key(item), _grouping_expression(item, select))
+        for [[declared]] in alternatives:
+            columns.setdefault(_key(declared), declared)
         alternatives = [[s for g in group.args["grouping_sets"] for s in _item_sets(g, select)]]
     sets = []
     for combination in product(*alternatives):
@@ -131,9 +132,11 @@ def _unit(e: exp.Expression, select: exp.Select) -> list[exp.Expression]:
 
 def _grouping_expression(e: exp.Expression, select: exp.Select) -> exp.Expression:
     """A grouping expression as the select list says it: an ordinal is the item it
-    numbers, and a name that only a select-list alias gives is the aliased expression (a
-    column of the FROM of that name is the column, as in Spark; an alias whose expression
-    reads a column of its own name is taken for that column)."""
+    numbers, and the name of a select-list alias is the aliased expression, unless that
+    reads a column of the name (``v + 1 AS v``: the column, as Spark takes it).  Spark takes
+    a column of the FROM first: a name that both a column and another alias give is
+    taken for the alias here (its item has to read grouped columns only, so Spark mostly
+    refuses such a query)."""
     if isinstance(e, exp.Literal) and not e.is_string and e.name.isdigit():
         position = int(e.name)
         if not 1 <= position <= len(select.expressions):

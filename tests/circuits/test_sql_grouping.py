@@ -70,3 +70,13 @@ def test_a_grouping_of_no_grouping_expression_is_refused():
     message = str(raised.value)
     assert message.startswith("v.sql:2, view 'bad': GROUPING(v): v is not a grouping expression")
     assert "name one of the GROUP BY's expressions" in message
+
+
+def test_a_rollup_before_hive_grouping_sets_is_refused():
+    """``GROUP BY a, b GROUPING SETS (...)`` (no comma) lists the grouping expressions
+    before the sets: a ``ROLLUP`` there is no list of expressions."""
+    with pytest.raises(SqlError) as raised:
+        parse_views(
+            "CREATE MATERIALIZED VIEW bad AS\n  SELECT k FROM a GROUP BY ROLLUP(k, v) GROUPING SETS (k);", "v.sql"
+        )
+    assert str(raised.value).startswith("v.sql:2, view 'bad': ROLLUP (k, v) before GROUPING SETS (...) without a comma")
