@@ -17,6 +17,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from .errors import SqlError, located
+from .grouping import expand_grouping_sets
 
 DIALECT = "spark"
 log = logging.getLogger(__name__)
@@ -32,9 +33,6 @@ _REFUSED_NODES: dict[type[exp.Expression], str] = {
     exp.Fetch: "FETCH",
     exp.Lateral: "LATERAL VIEW / LATERAL",
     exp.Pivot: "PIVOT / UNPIVOT",
-    exp.Cube: "GROUP BY CUBE",
-    exp.Rollup: "GROUP BY ROLLUP",
-    exp.GroupingSets: "GROUPING SETS",
     exp.TableSample: "TABLESAMPLE",
     exp.Values: "VALUES",
     exp.Unnest: "UNNEST",
@@ -194,6 +192,10 @@ def _view(statement: str, line: int, file: str) -> View:
     body = statement[head.end() :].strip() if head else query.sql(DIALECT)
     starts = statement.count("\n", 0, statement.index(body)) + 1 if head else line
     query = query.transform(_boolean_aggregate, copy=False)
+    try:
+        query = expand_grouping_sets(query)
+    except SqlError as e:
+        raise located(file, _line_of(statement, e.node, line), create.this.name, str(e)) from e
     view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body, starts)
     _refuse_unsupported(view, statement)
     return view
