@@ -257,26 +257,27 @@ class _Compiler:
                 rel = self.set_operation(node, outer)
             else:
                 raise SqlError(f"not supported: {type(node).__name__} ({node.sql(DIALECT)[:60]})")
-        return rel if limit is None or one_row(node) else self.limited(node, rel, len(sorts))
+        return rel if limit is None or one_row(node) else self.limited(node, rel, sorts)
 
     # top-k
-    def limited(self, node: exp.Query, rel: Rel, hidden: int) -> Rel:
+    def limited(self, node: exp.Query, rel: Rel, hidden: list[exp.Expression]) -> Rel:
         """A query's ``ORDER BY o LIMIT k`` (the parser allows it on a view's own query
         only): a global top-k of its rows, ties taken in the order of all their columns.
         An item of ``o`` that is a position or reads only the select list's names is
-        computed over the select list's columns; the ``hidden`` others were added to the
-        select list (see :func:`_hidden_sorts`) as its last columns, dropped after."""
-        shown = rel.cols[: len(rel.cols) - hidden]
+        computed over the select list's columns; the ``hidden`` others (of
+        :func:`_hidden_sorts`) were added to the select list as its last columns, dropped
+        after."""
+        shown = rel.cols[: len(rel.cols) - len(hidden)]
         scope, added = _Scope([Col(None, c.name, c.internal) for c in shown]), iter(rel.cols[len(shown) :])
         order = []
         for item in node.args["order"].expressions:
             e = item.this
-            if isinstance(e, exp.Literal) and not e.is_string:
+            if _is_position(e):
                 position = int(e.name)
                 if not 1 <= position <= len(shown):
                     raise SqlError(f"ORDER BY {position}: the select list has {len(shown)} items", node=e)
                 e = exp.column(shown[position - 1].name)
-            elif not _shown_sort(e, _select_names(node)):
+            elif any(e is h for h in hidden):
                 order.append((next(added).internal, item))
                 continue
             unqualified = e.transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
@@ -1133,13 +1134,10 @@ def _and(a: str | None, b: str) -> str:
     return b if a is None else f"({a}) AND ({b})"
 
 
-def _select_names(query: exp.Query) -> set[tuple[str, str]] | None:
+def _select_names(query: exp.Select) -> set[tuple[str, str]]:
     """The (qualifier, name) pairs by which an ``ORDER BY`` of ``query`` reads its select
     list, as written: an alias as ``("", alias)``, a column item also by its qualifier (a
-    star's columns are not written out); None for a set operation, whose order reads only
-    its output."""
-    if not isinstance(query, exp.Select):
-        return None
+    star's columns are not written out)."""
     names = set()
     for e in query.expressions:
         if isinstance(e, exp.Alias):
@@ -1149,13 +1147,13 @@ def _select_names(query: exp.Query) -> set[tuple[str, str]] | None:
     return names
 
 
-def _shown_sort(e: exp.Expression, names: set[tuple[str, str]] | None) -> bool:
+def _shown_sort(e: exp.Expression, names: set[tuple[str, str]]) -> bool:
     """Whether the ``ORDER BY`` item ``e`` is computed over the select list (else over the
-    query's input, as a hidden column): it is no aggregate and reads only ``names``."""
-    if names is None:
-        return True
-    return not any(isinstance(n, exp.AggFunc) for n in e.walk()) and all(
-        (c.table.lower(), c.name.lower()) in names for c in e.find_all(exp.Column)
+    query's input, as a hidden column): a position, or no aggregate that reads only ``names``."""
+    return (
+        _is_position(e)
+        or not any(isinstance(n, exp.AggFunc) for n in e.walk())
+        and all((c.table.lower(), c.name.lower()) in names for c in e.find_all(exp.Column))
     )
 
 
@@ -1163,12 +1161,17 @@ def _hidden_sorts(query: exp.Query) -> list[exp.Expression]:
     """The items of a view's ``ORDER BY ... LIMIT`` that read what its select list does not
     show (an aggregate, a column it does not select or selects under an alias), which Spark
     computes over the query's input: each becomes a select item of its own, dropped after
-    the top-k (see :meth:`_Compiler.limited`)."""
-    order, names = query.args.get("order"), _select_names(query)
-    if query.args.get("limit") is None or order is None or one_row(query):
+    the top-k (see :meth:`_Compiler.limited`).  A set operation's order reads only its output."""
+    order = query.args.get("order")
+    if not isinstance(query, exp.Select) or query.args.get("limit") is None or order is None or one_row(query):
         return []
-    items = [o.this for o in order.expressions]
-    return [e for e in items if not (isinstance(e, exp.Literal) and not e.is_string) and not _shown_sort(e, names)]
+    names = _select_names(query)
+    return [o.this for o in order.expressions if not _shown_sort(o.this, names)]
+
+
+def _is_position(e: exp.Expression) -> bool:
+    """``e`` is an ``ORDER BY`` position (``ORDER BY 2``)."""
+    return isinstance(e, exp.Literal) and not e.is_string
 
 
 def _with_items(query: exp.Select, items: list[exp.Expression]) -> exp.Select:

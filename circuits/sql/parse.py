@@ -394,7 +394,7 @@ def _limit_refusal(query: exp.Query, top: bool) -> str | None:
     if limit is None:
         return None
     count = limit.expression if isinstance(limit, exp.Limit) else None
-    if count is None or query.args.get("offset") or not (count.name.isdigit() and int(count.name)):
+    if not isinstance(count, exp.Literal) or query.args.get("offset") or not (count.name.isdigit() and int(count.name)):
         what = "LIMIT" if count is None else f"LIMIT {count.sql(DIALECT)}"
         return f"{what} (only LIMIT k with k a positive integer, no OFFSET)"
     if query.args.get("order") is None:
