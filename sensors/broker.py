@@ -69,6 +69,16 @@ def _java() -> str:
     return java
 
 
+def _cluster_id() -> str:
+    """A new KRaft cluster id: a random UUID in URL-safe base64, never starting with ``-``
+    (Kafka's own ``Uuid.randomUuid`` draws again there: the format tool would read such an
+    id as an option)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class _Node:
     """The files of one node under ``state_dir``: its settings, Log4j settings and data."""
 
@@ -84,7 +94,7 @@ class _Node:
         classpath = os.pathsep.join(jars(KAFKA))
         java = [_java(), f"-Xmx{HEAP}", "-Djava.awt.headless=true", self.daemon.logging_option, "-cp", classpath]
         if not os.path.exists(os.path.join(self.data_dir, "meta.properties")):
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = _cluster_id()
             formatted = subprocess.run(
                 [*java, "kafka.tools.StorageTool", "format", "--standalone", "--cluster-id", cluster_id]
                 + ["--config", self.config],

@@ -128,3 +128,15 @@ def test_a_restarted_broker_keeps_its_topics_and_records(tmp_path):
         local.stop()
         local.start()
         assert KafkaClient(local.bootstrap).offsets(["kept"]) == {("kept", 0): (0, 3)}
+
+
+def test_a_new_cluster_id_never_starts_with_a_dash(monkeypatch):
+    import uuid
+
+    from sensors import broker
+
+    # A UUID whose first byte is 0xf8 encodes to "-..." in URL-safe base64, which Kafka's
+    # format tool would take for an option: one broker start in 64 failed so.
+    drawn = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x01" + bytes(15))])
+    monkeypatch.setattr(broker.uuid, "uuid4", lambda: next(drawn))
+    assert broker._cluster_id() == "AQAAAAAAAAAAAAAAAAAAAA"
