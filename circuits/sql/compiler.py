@@ -206,7 +206,7 @@ class _Compiler:
             raise view.error(str(e), _line(e.node) or e.line) from e
         if len(rel.cols) != len(output.fields):
             raise view.error(f"the view has {len(rel.cols)} columns where Spark sees {len(output.fields)}")
-        columns = [F.col(c.internal).cast(f.dataType).alias(f.name) for c, f in zip(rel.cols, output.fields)]
+        columns = [F.col(c.internal).cast(_nullable(f.dataType)).alias(f.name) for c, f in zip(rel.cols, output.fields)]
         stream = rel.stream.select(*columns)
         self.views[view.name.lower()] = Rel(
             stream, [Col(None, f.name, f.name) for f in output.fields], {f.name: f.dataType for f in output.fields}
@@ -792,9 +792,7 @@ class _Compiler:
             aggs[self.fresh()] = ops.Agg("count", None)
         stream = rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()])
         stream = stream.group_by(*list(projected)[: len(keys) or 1]).agg(**aggs)
-        argument_schema = T.StructType([T.StructField(c, types[c]) for c in projected])
-        calls_of = {out: a.call for out, a in aggs.items() if a.kind == "recomputed"}
-        types.update(self.types_of(argument_schema, calls_of, aggregates=True) if calls_of else {})
+        types.update(self.recomputed_types(aggs, projected, types))
         types.update({out: _aggregate_type(a, types) for out, a in aggs.items() if a.kind != "recomputed"})
         if not keys:
             zeros = tuple(out for out, a in aggs.items() if a.kind in ("count", "count_distinct"))
@@ -826,6 +824,24 @@ class _Compiler:
         if len(texts) == 1:
             return kind, texts[0]
         return kind, f"CASE WHEN {_all_present(texts)} THEN 1 END"
+
+    def recomputed_types(
+        self, aggs: dict[str, ops.Agg], projected: dict[str, str], types: dict[str, T.DataType]
+    ) -> dict[str, T.DataType]:
+        """The types of the recomputed aggregates of ``aggs`` over the ``projected`` columns
+        (of ``types``), each nested one made :func:`_nullable` in its call (``aggs`` updated):
+        the store reads every nested value back so, and Spark casts no nullable value to a
+        non-nullable type."""
+        calls = {out: a.call for out, a in aggs.items() if a.kind == "recomputed"}
+        if not calls:
+            return {}
+        schema = T.StructType([T.StructField(c, types[c]) for c in projected])
+        found = self.types_of(schema, calls, aggregates=True)
+        for out, kind in found.items():
+            if _nullable(kind) != kind:
+                found[out] = _nullable(kind)
+                aggs[out] = replace(aggs[out], call=f"CAST({calls[out]} AS {found[out].simpleString()})")
+        return found
 
     def recomputed_call(self, call: exp.Expression, scope: _Scope) -> tuple[exp.Expression, list[str]]:
         """A recomputed aggregate ``call`` (its ``FILTER`` too, which Spark evaluates itself)
@@ -1353,6 +1369,17 @@ _SUMS = {
 """The aggregates of a sum (``sum``, ``avg``, of all values or the distinct ones): each
 one's sum and count, which make it over a decimal (see :meth:`_Compiler.aggregate_value`)."""
 _PLACEHOLDER = "_dbsp_arg"
+
+
+def _nullable(kind: T.DataType) -> T.DataType:
+    """``kind`` with every nested element, value and field nullable."""
+    if isinstance(kind, T.ArrayType):
+        return T.ArrayType(_nullable(kind.elementType), True)
+    if isinstance(kind, T.MapType):
+        return T.MapType(_nullable(kind.keyType), _nullable(kind.valueType), True)
+    if isinstance(kind, T.StructType):
+        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True) for f in kind.fields])
+    return kind
 
 
 def _recomputed(call: exp.Expression) -> bool:

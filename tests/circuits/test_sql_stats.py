@@ -54,12 +54,22 @@ aggregates' row over no rows: NULL, and ``[]`` for the collections)."""
 
 
 @pytest.mark.slow
-@harness.at_every_worker_count(harness.SQL_STEPS, max_examples=1, workers=harness.SQL_WORKERS)
+@harness.at_every_worker_count(harness.SQL_STEPS, max_examples=2, workers=harness.SQL_WORKERS)
 def test_stats_equal_spark_batch_sql(spark, circuit, workers, steps):
     """Every view equals Spark batch SQL of its text, with the engine's choice among ties
     and orders, at every step, at 1 and 2 workers."""
     oracle = harness.tie_broken_batch_integrals(spark, VIEWS, harness.SQL_SCHEMAS)
     harness.run_and_compare(spark, circuit, steps, workers, oracle)
+
+
+@pytest.mark.slow
+def test_stats_equal_spark_batch_sql_durably_across_a_restart(spark, circuit, tmp_path_factory):
+    """The same over a real pipeline on Delta at 2 workers (its state: the groups' arrays and
+    running sums, the rows the recomputed aggregates read, the distinct values), which dies
+    after writing step 1's outputs and recovers from its last checkpoint."""
+    oracle = harness.tie_broken_batch_integrals(spark, VIEWS, harness.SQL_SCHEMAS)
+    root, restart = str(tmp_path_factory.mktemp("stats")), harness.Restart(1, "after_output")
+    harness.run_and_compare_durably(spark, circuit, FIXED, harness.DURABLE_WORKERS[0], oracle, root, restart)
 
 
 def test_ties_and_orders_are_the_engines(spark, circuit):
