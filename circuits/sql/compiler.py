@@ -790,10 +790,10 @@ class _Compiler:
             values[text] = self.aggregate_value(out, ops.Agg(kind, column), types, aggs)
         if not aggs:  # GROUP BY without aggregates: a count keeps each group while it has rows
             aggs[self.fresh()] = ops.Agg("count", None)
-        stream = rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()])
-        stream = stream.group_by(*list(projected)[: len(keys) or 1]).agg(**aggs)
         types.update(self.recomputed_types(aggs, projected, types))
         types.update({out: _aggregate_type(a, types) for out, a in aggs.items() if a.kind != "recomputed"})
+        stream = rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()])
+        stream = stream.group_by(*list(projected)[: len(keys) or 1]).agg(**aggs)
         if not keys:
             zeros = tuple(out for out, a in aggs.items() if a.kind in ("count", "count_distinct"))
             stream = stream.select(*aggs).default_row(*zeros)
