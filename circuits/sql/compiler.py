@@ -206,11 +206,11 @@ class _Compiler:
             raise view.error(str(e), _line(e.node) or e.line) from e
         if len(rel.cols) != len(output.fields):
             raise view.error(f"the view has {len(rel.cols)} columns where Spark sees {len(output.fields)}")
-        columns = [F.col(c.internal).cast(_nullable(f.dataType)).alias(f.name) for c, f in zip(rel.cols, output.fields)]
-        stream = rel.stream.select(*columns)
-        self.views[view.name.lower()] = Rel(
-            stream, [Col(None, f.name, f.name) for f in output.fields], {f.name: f.dataType for f in output.fields}
+        types = {f.name: _output_type(f.dataType, rel.types[c.internal]) for c, f in zip(rel.cols, output.fields)}
+        stream = rel.stream.select(
+            *[F.col(c.internal).cast(types[f.name]).alias(f.name) for c, f in zip(rel.cols, output.fields)]
         )
+        self.views[view.name.lower()] = Rel(stream, [Col(None, f.name, f.name) for f in output.fields], types)
         if view.materialized:
             self.circuit.output(view.name, stream)
 
@@ -1380,6 +1380,13 @@ def _nullable(kind: T.DataType) -> T.DataType:
     if isinstance(kind, T.StructType):
         return T.StructType([T.StructField(f.name, _nullable(f.dataType), True) for f in kind.fields])
     return kind
+
+
+def _output_type(spark: T.DataType, engine: T.DataType) -> T.DataType:
+    """A view column's type: Spark's, nullable throughout where the engine's values are
+    (a recomputed aggregate's: see :meth:`_Compiler.recomputed_types`), as Spark casts no
+    nullable nested value to a non-nullable type."""
+    return _nullable(spark) if _nullable(engine) == engine else spark
 
 
 def _recomputed(call: exp.Expression) -> bool:

@@ -3,7 +3,8 @@
 ``sum(DISTINCT x)`` and ``avg(DISTINCT x)`` (the distinct values' changes), and Spark's own
 ``max_by``, ``min_by``, ``collect_list``/``array_agg``, ``collect_set``, ``percentile``,
 ``percentile_approx``/``approx_percentile`` and ``median``, recomputed per touched group;
-grouped, global, with ``FILTER``, in ``HAVING`` and in correlated scalar subqueries.
+grouped, global, with ``FILTER``, in ``HAVING``, read by another view and in a correlated
+scalar subquery.
 Each view equals Spark batch SQL of the same text at every step (hypothesis, with NULLs,
 duplicates, ties and groups deleted whole and inserted again), at 1 and 2 workers, and
 durably across a restart, with the engine's choice among Spark's answers made explicit
@@ -36,6 +37,7 @@ CREATE MATERIALIZED VIEW global AS
   SELECT var_pop(x) AS vp, stddev(d) AS sd, sum(DISTINCT d) AS sd_, avg(DISTINCT x) AS ax, collect_list(d) AS ds,
          collect_set(x) AS xs, median(x) AS mid
   FROM b;
+CREATE MATERIALIZED VIEW of_grouped AS SELECT k, ss, size(vs_) AS n FROM grouped WHERE top_s IS NOT NULL;
 CREATE MATERIALIZED VIEW correlated AS
   SELECT k, v, (SELECT collect_set(x) FROM b WHERE b.k = a.k) AS xs FROM a;
 """
