@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-DIALECT = "spark"
+DIALECT = "spark"  # parse's, which imports this module
 
 RECOMPUTED = (exp.ArgMax, exp.ArgMin, exp.ArrayAgg, exp.ArrayUniqueAgg, exp.Quantile, exp.ApproxQuantile, exp.Median)
 """The aggregates recomputed per touched group, as sqlglot reads them."""

@@ -90,7 +90,7 @@ _MAINTAINED = (
     "std), var_samp/var_pop (variance), max_by, min_by, collect_list, collect_set, percentile, percentile_approx "
     "and median"
 )
-_ORDER_DEPENDENT = (exp.First, exp.Last, exp.AnyValue, exp.FirstValue, exp.LastValue)
+_WHICHEVER_ROW = (exp.First, exp.Last, exp.AnyValue, exp.FirstValue, exp.LastValue)
 """Aggregates whose value is whichever row Spark meets first or last: not a function of the rows."""
 _OTHER_NAMES = {"every": exp.LogicalAnd, "some": exp.LogicalOr, "any": exp.LogicalOr, "std": exp.Stddev}
 """Spark's other names of ``bool_and``, ``bool_or`` and ``stddev``, which sqlglot reads as plain
@@ -231,7 +231,7 @@ def _refuse_unsupported(view: View, statement: str) -> None:
             reason = "QUALIFY in a query with GROUP BY or aggregates; filter the groups with HAVING"
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
-        if reason is None and isinstance(node, _ORDER_DEPENDENT) and not window_call(node):
+        if reason is None and isinstance(node, _WHICHEVER_ROW) and not window_call(node):
             reason = (
                 f"{node.sql(DIALECT)}, whichever row Spark meets first or last (not a function of the rows); "
                 "write min, max, max_by(x, y) or min_by(x, y) for the row of the least or greatest y"
