@@ -406,7 +406,9 @@ class GroupedStream:
             _check_name("aggregate", name)
             if not isinstance(a, ops.Agg) or a.kind not in ops.AGG_KINDS:
                 raise CircuitDefinitionError(f"aggregate {name!r}: expected one of circuits.agg.{ops.AGG_KINDS}")
-            if a.column is None and a.kind != "count":
+            if a.kind == "recomputed" and not (a.call and a.reads):
+                raise CircuitDefinitionError(f"aggregate {name!r}: recomputed needs a call and the columns it reads")
+            if a.column is None and a.kind not in ("count", "recomputed"):
                 raise CircuitDefinitionError(f"aggregate {name!r}: {a.kind} needs a column")
         return self.stream._then(ops.Aggregate(self.keys, tuple(aggs.items())))
 

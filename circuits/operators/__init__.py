@@ -4,7 +4,7 @@ from .base import Operator
 from .bilinear import Join, KeyedJoin
 from .keyed import Loop, Partition
 from .linear import Filter, FlatMap, Input, Negate, Select, Union
-from .nonlinear import AGG_KINDS, Agg, Aggregate, DefaultRow, Distinct, SetOperation
+from .nonlinear import AGG_KINDS, MOMENTS, Agg, Aggregate, DefaultRow, Distinct, SetOperation
 from .time import Delay, Differentiate, Integrate
 from .topk import SortKey, TopK
 from .window import WindowFunctions
@@ -23,6 +23,7 @@ __all__ = [
     "Integrate",
     "Join",
     "KeyedJoin",
+    "MOMENTS",
     "Loop",
     "Negate",
     "Operator",

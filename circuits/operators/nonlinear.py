@@ -17,7 +17,7 @@ from pyspark.sql import types as T
 from ..context import NodeContext
 from ..errors import CircuitDefinitionError
 from ..sharding import PART, ROUTED, VNODE, with_vnode
-from ..zset import WEIGHT, add, consolidate, data_columns, weight
+from ..zset import WEIGHT, add, consolidate, data_columns, empty_like, weight
 from .base import Operator
 
 
@@ -54,35 +54,49 @@ class Distinct(Operator):
 
 @dataclass(frozen=True)
 class Agg:
-    """One aggregate of a group: ``kind`` over ``column`` (None for ``count(*)``)."""
+    """One aggregate of a group: ``kind`` over ``column`` (None for ``count(*)``); of kind
+    ``recomputed``, ``call`` (Spark SQL of an aggregate over the input's columns ``reads``)."""
 
     kind: str
     column: str | None = None
+    call: str | None = None
+    reads: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        return f"{self.kind}({self.column or '*'})"
+        return self.call or f"{self.kind}({self.column or '*'})"
 
 
 _ADDITIVE = ("count", "sum", "avg", "count_distinct")
 _EXTREMES = {"min": F.min, "max": F.max}
-AGG_KINDS = (*_ADDITIVE, *_EXTREMES)
+MOMENTS = ("var_samp", "var_pop", "stddev_samp", "stddev_pop")
+_DISTINCT = ("count_distinct", "sum_distinct", "avg_distinct")
+_REPLACED = (*_EXTREMES, "recomputed")  # kept per group, derived again, not summed
+AGG_KINDS = (*_ADDITIVE, *_EXTREMES, *MOMENTS, "sum_distinct", "avg_distinct", "recomputed")
 _ROWS = "_rows"
+_ROW_TRACE = "rows"
 _W0 = "_w0"
 _DW = "_dw"
 
 
 class Aggregate(Operator):
     """``SELECT keys, agg... GROUP BY keys`` with SQL semantics: a group exists while it has
-    rows; ``count(c)``, ``sum``, ``avg``, ``min``, ``max`` and ``count_distinct`` ignore
-    nulls; ``sum``/``avg``/``min``/``max`` of no non-null value are null.
+    rows; ``count(c)``, ``sum``, ``avg``, ``min``, ``max``, the ``*_distinct`` ones and the
+    moments ignore nulls; all but the counts are null over no non-null value.  The moments
+    (``var_samp``, ``var_pop``, ``stddev_samp``, ``stddev_pop``) are Spark's over the values
+    as doubles: ``m2 = (n·Σx² - (Σx)²) / n``, over ``n - 1`` (null while ``n < 2``) or ``n``.
+    ``sum_distinct``/``avg_distinct``: ``sum``/``avg`` of the distinct values.  ``recomputed``:
+    any Spark aggregate ``call``, Spark's own value over the group's rows.
 
     Incremental, per group the delta touches: output = ``row(after) - row(before)``.
-    ``count``/``sum``/``avg`` keep running accumulators (``after = before + Δ``);
-    ``count_distinct`` adds the number of values whose weight crosses zero;
-    ``min``/``max`` re-derive the touched groups from the integral of their column (while the
-    input has only ever inserted: the old extreme against the delta's, reading no values).
+    ``count``/``sum``/``avg`` and the moments keep running sums (``after = before + Δ``: of
+    ``x``, of ``x²`` and of the non-null rows); the ``*_distinct`` ones add the values whose
+    weight crosses zero (their number, their sum); ``min``/``max`` re-derive the touched
+    groups from the integral of their column (while the input has only ever inserted: the
+    old extreme against the delta's, reading no values); ``recomputed`` evaluates ``call``
+    over the touched groups' integrated rows, each repeated by its weight.
     State: one row of accumulators per group, plus the integral of each column that a
-    min/max/count_distinct reads.
+    min/max/``*_distinct`` reads, plus the integral of the rows (keys and ``reads``) when a
+    ``recomputed`` aggregate reads them.
     """
 
     stateful = True
@@ -105,7 +119,7 @@ class Aggregate(Operator):
             F.sum(WEIGHT).alias(_ROWS),
             *[p.alias(name) for i, (_, a) in enumerate(self.aggs) for name, p in _partials(i, a, schema).items()],
         )
-        template = self._state_template(partial, schema)
+        template = self._state_template(d, schema)
         before = ctx.share(ctx.lookup("groups", partial, keys, template, null_safe=True))
         # Each contribution is a set of per-group rows; summed (or min/max-ed) per group they
         # give the accumulators after the step.  While the input only inserts, a group's new
@@ -115,7 +129,7 @@ class Aggregate(Operator):
             _shape(before, self._state_columns(), keys, kept),
             _shape(partial, self._state_columns(), keys, [_ROWS, *self._partial_columns()]),
         ]
-        for column in sorted({a.column for _, a in self.aggs if a.kind in (*_EXTREMES, "count_distinct")}):
+        for column in sorted({a.column for _, a in self.aggs if a.kind in (*_EXTREMES, *_DISTINCT)}):
             values = d.select(*ROUTED, *keys, column, weight())
             if any(a.kind in _EXTREMES and a.column == column for _, a in self.aggs):
                 group_values = values
@@ -123,9 +137,11 @@ class Aggregate(Operator):
                     old = ctx.lookup(f"values.{column}", partial, keys, values, null_safe=True)
                     group_values = add(old, values)
                 contributions.append(self._extremes(column, keys, group_values))
-            if any(a.kind == "count_distinct" and a.column == column for _, a in self.aggs):
-                contributions.append(self._distinct_counts(ctx, column, keys, values))
+            if any(a.kind in _DISTINCT and a.column == column for _, a in self.aggs):
+                contributions.append(self._distinct_changes(ctx, column, keys, values, schema))
             ctx.stage(f"values.{column}", values)
+        if any(a.kind == "recomputed" for _, a in self.aggs):
+            contributions.append(self._recomputed(ctx, keys, d, partial))
         state_columns = self._state_columns()
         # Read twice: by the state's delta and by the output's.
         after = ctx.share(
@@ -149,44 +165,46 @@ class Aggregate(Operator):
             .drop(PART)
         )
 
-    def _state_template(self, partial: DataFrame, schema: T.StructType) -> DataFrame:
-        """The shape of a group's state row, as a zero-row DataFrame (``schema``: the input's)."""
-        extra = [
-            (F.lit(None).cast(schema[a.column].dataType) if a.kind in _EXTREMES else F.lit(0).cast("bigint")).alias(
-                f"_a{i}"
-            )
-            for i, (_, a) in enumerate(self.aggs)
-            if a.kind in (*_EXTREMES, "count_distinct")
-        ]
-        return partial.select("*", *extra, F.lit(1).cast("bigint").alias(WEIGHT)).where(F.lit(False))
+    def _state_template(self, d: DataFrame, schema: T.StructType) -> DataFrame:
+        """The shape of a group's state row, as a zero-row DataFrame: each accumulator as it
+        is computed, over none of the delta ``d``'s rows (``schema``: the input's)."""
+        columns = {_ROWS: F.sum(WEIGHT)}
+        for i, (_, a) in enumerate(self.aggs):
+            columns.update(_partials(i, a, schema))
+            columns.update(_kept(i, a, schema))
+        grouped = empty_like(d).groupBy(*ROUTED, *self.keys).agg(*[c.alias(n) for n, c in columns.items()])
+        return grouped.select("*", F.lit(1).cast("bigint").alias(WEIGHT))
 
     def _state_columns(self) -> list[str]:
         """A group's state row beside its keys: its row count, then the accumulators (the
-        delta's partial ones, then those kept per group: extremes and distinct counts)."""
-        kept = [f"_a{i}" for i, (_, a) in enumerate(self.aggs) if a.kind in (*_EXTREMES, "count_distinct")]
+        delta's partial ones, then those kept per group: extremes, distinct changes, the
+        recomputed values)."""
+        kept = [name for i, (_, a) in enumerate(self.aggs) for name in _kept(i, a)]
         return [_ROWS, *self._partial_columns(), *kept]
 
     def _partial_columns(self) -> list[str]:
         return [name for i, (_, a) in enumerate(self.aggs) for name in _partials(i, a)]
 
     def _additive_columns(self) -> list[str]:
-        """The accumulators that a step's partial aggregates add to (see :func:`_partials`)."""
-        columns = []
-        for i, (_, a) in enumerate(self.aggs):
-            if a.kind in _ADDITIVE:
-                columns.append(f"_a{i}")
-            if a.kind in ("sum", "avg"):
-                columns.append(f"_n{i}")
-        return columns
+        """The accumulators that a step's contributions add to (see :func:`_partials` and
+        :func:`_kept`): all but those derived again from the group's values."""
+        return [
+            name
+            for i, (_, a) in enumerate(self.aggs)
+            if a.kind not in _REPLACED
+            for name in (*_partials(i, a), *_kept(i, a))
+        ]
 
     def _extreme_columns(self) -> list[str]:
         return [f"_a{i}" for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES]
 
     def _combine(self, column: str) -> Column:
         kinds = {f"_a{i}": a.kind for i, (_, a) in enumerate(self.aggs)}
-        extreme = _EXTREMES.get(kinds.get(column, ""))
-        if extreme is not None:
-            return extreme(column).alias(column)
+        kind = kinds.get(column, "")
+        if kind in _EXTREMES:
+            return _EXTREMES[kind](column).alias(column)
+        if kind == "recomputed":  # one contribution has the group's value: the recomputed one
+            return F.first(column, ignorenulls=True).alias(column)
         return F.coalesce(F.sum(column), F.lit(0)).alias(column)
 
     def _extremes(self, column: str, keys: list[str], values: DataFrame) -> DataFrame:
@@ -204,8 +222,11 @@ class Aggregate(Operator):
         per_group = present.groupBy(*ROUTED, *keys).agg(*[f(column).alias(name) for name, f in extremes.items()])
         return _shape(per_group, self._state_columns(), keys, list(extremes))
 
-    def _distinct_counts(self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame) -> DataFrame:
-        """Per touched group, the number of values that appear minus those that disappear."""
+    def _distinct_changes(
+        self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame, schema: T.StructType
+    ) -> DataFrame:
+        """Per touched group, the values that appear minus those that disappear: their
+        number and, for ``sum_distinct``/``avg_distinct``, their sum."""
         pairs = values.where(F.col(column).isNotNull()).groupBy(*ROUTED, *keys, column).agg(F.sum(WEIGHT).alias(WEIGHT))
         old = ctx.lookup(f"values.{column}", pairs, [*keys, column], values, null_safe=True)
         zero = F.lit(0).cast("bigint")
@@ -213,25 +234,54 @@ class Aggregate(Operator):
             pairs.select(*ROUTED, *keys, column, zero.alias(_W0), weight().alias(_DW)),
             old.select(*ROUTED, *keys, column, weight().alias(_W0), zero.alias(_DW)),
         )
+        # Each value's change weighs +1 where it appears, -1 where it disappears.
         crossing = _positive(F.sum(_W0) + F.sum(_DW)) - _positive(F.sum(_W0))
-        per_pair = both.groupBy(*ROUTED, *keys, column).agg(crossing.alias("_change"))
-        change = F.sum("_change").cast("bigint")
-        counts = [f"_a{i}" for i, (_, a) in enumerate(self.aggs) if a.kind == "count_distinct" and a.column == column]
-        per_group = per_pair.groupBy(*ROUTED, *keys).agg(*[change.alias(name) for name in counts])
-        return _shape(per_group, self._state_columns(), keys, counts)
+        per_pair = both.groupBy(*ROUTED, *keys, column).agg(crossing.cast("bigint").alias(WEIGHT))
+        changes = {
+            name: change
+            for i, (_, a) in enumerate(self.aggs)
+            if a.kind in _DISTINCT and a.column == column
+            for name, change in _kept(i, a, schema).items()
+        }
+        per_group = per_pair.groupBy(*ROUTED, *keys).agg(*[c.alias(name) for name, c in changes.items()])
+        return _shape(per_group, self._state_columns(), keys, list(changes))
+
+    def _recomputed(self, ctx: NodeContext, keys: list[str], d: DataFrame, partial: DataFrame) -> DataFrame:
+        """Each ``recomputed`` aggregate's value over the rows of the touched groups after
+        the step: Spark's own aggregate, over each row repeated by its weight."""
+        reads = sorted({c for _, a in self.aggs if a.kind == "recomputed" for c in a.reads} - set(keys))
+        rows = d.select(*ROUTED, *keys, *reads, weight())
+        old = ctx.lookup(_ROW_TRACE, partial, keys, rows, null_safe=True)
+        ctx.stage(_ROW_TRACE, rows)
+        present = add(old, rows).groupBy(*ROUTED, *keys, *reads).agg(F.sum(WEIGHT).alias(WEIGHT))
+        repeated = present.where(weight() > 0).select(
+            *ROUTED, *keys, *reads, F.explode(F.array_repeat(F.lit(0), weight().cast("int"))).alias("_copy")
+        )
+        calls = _kept_calls(self.aggs)
+        per_group = repeated.groupBy(*ROUTED, *keys).agg(*[c.alias(name) for name, c in calls.items()])
+        return _shape(per_group, self._state_columns(), keys, list(calls))
 
     def _result(self, state: DataFrame, sign: int) -> DataFrame:
         """The visible rows (groups with rows) of a state, with weight ``sign``."""
-        values = []
-        for i, (name, a) in enumerate(self.aggs):
-            acc, nonnull = F.col(f"_a{i}"), F.col(f"_n{i}") if a.kind in ("sum", "avg") else None
-            if a.kind == "sum":
-                values.append(F.when(nonnull > 0, acc).alias(name))
-            elif a.kind == "avg":
-                values.append(F.when(nonnull > 0, acc.cast("double") / nonnull).alias(name))
-            else:
-                values.append(acc.alias(name))
+        values = [_value(i, a).alias(name) for i, (name, a) in enumerate(self.aggs)]
         return state.where(F.col(_ROWS) > 0).select(PART, *self.keys, *values, F.lit(sign).cast("bigint").alias(WEIGHT))
+
+
+def _value(i: int, a: Agg) -> Column:
+    """Aggregate ``i``'s value from its accumulators (see :func:`_partials`, :func:`_kept`)."""
+    acc, n = F.col(f"_a{i}"), F.col(f"_n{i}")
+    if a.kind in ("sum", "sum_distinct"):
+        return F.when(n > 0, acc)
+    if a.kind in ("avg", "avg_distinct"):
+        return F.when(n > 0, acc.cast("double") / n)
+    if a.kind in MOMENTS:
+        # Exact for integers while the sums are (below 2**53): one rounding, in the division.
+        count, squares = n.cast("double"), F.col(f"_q{i}")
+        spread = F.greatest(count * squares - acc * acc, F.lit(0.0))
+        variance = spread / (count * (count - 1) if a.kind.endswith("samp") else count * count)
+        value = F.sqrt(variance) if a.kind.startswith("stddev") else variance
+        return F.when(n > (1 if a.kind.endswith("samp") else 0), value)
+    return acc
 
 
 def _partials(i: int, a: Agg, schema: T.StructType | None = None) -> dict[str, Column]:
@@ -241,12 +291,34 @@ def _partials(i: int, a: Agg, schema: T.StructType | None = None) -> dict[str, C
     if a.kind == "count":
         counted = w if a.column is None else F.when(F.col(a.column).isNotNull(), w).otherwise(0)
         return {f"_a{i}": F.sum(counted)}
+    nonnull = F.sum(F.when(F.col(a.column).isNotNull(), w).otherwise(0)) if a.column else None
     if a.kind in ("sum", "avg"):
-        return {
-            f"_a{i}": F.sum(_weighted(a.column, schema[a.column].dataType if schema else None)),
-            f"_n{i}": F.sum(F.when(F.col(a.column).isNotNull(), w).otherwise(0)),
-        }
+        return {f"_a{i}": F.sum(_weighted(a.column, schema[a.column].dataType if schema else None)), f"_n{i}": nonnull}
+    if a.kind in MOMENTS:
+        x = F.col(a.column).cast("double")
+        return {f"_a{i}": F.sum(x * w), f"_n{i}": nonnull, f"_q{i}": F.sum(x * x * w)}
     return {}
+
+
+def _kept(i: int, a: Agg, schema: T.StructType | None = None) -> dict[str, Column]:
+    """The accumulators of aggregate ``i`` kept per group rather than summed from the delta:
+    each as computed over a group's values (the extremes), over its values' changes (the
+    distinct ones: a frame of ``column`` and the change's weight) or over its rows (a
+    recomputed ``call``); without ``schema``, only their names are meant."""
+    if a.kind in _EXTREMES:
+        return {f"_a{i}": _EXTREMES[a.kind](a.column)}
+    if a.kind == "count_distinct":
+        return {f"_a{i}": F.sum(WEIGHT)}
+    if a.kind in ("sum_distinct", "avg_distinct"):
+        kind = schema[a.column].dataType if schema else None
+        return {f"_a{i}": F.sum(_weighted(a.column, kind)), f"_n{i}": F.sum(WEIGHT)}
+    if a.kind == "recomputed":
+        return {f"_a{i}": F.expr(a.call)}
+    return {}
+
+
+def _kept_calls(aggs: tuple[tuple[str, Agg], ...]) -> dict[str, Column]:
+    return {name: c for i, (_, a) in enumerate(aggs) if a.kind == "recomputed" for name, c in _kept(i, a).items()}
 
 
 def _weighted(column: str, kind: T.DataType | None) -> Column:

@@ -8,6 +8,7 @@ import sqlglot
 from pyspark.sql import DataFrame, SparkSession
 from sqlglot import exp
 
+from .aggregates import ORDER_DEPENDENT, with_deterministic_aggregates
 from .parse import DIALECT, parse_views, views_read
 from .windows import order_dependent
 
@@ -23,7 +24,7 @@ def batch_views(
     recomputed = {}
     for view in parse_views(text, file):
         frame = spark.sql(view.text)
-        if view.query.args.get("limit") or view.query.find(exp.Window):
+        if view.query.args.get("limit") or view.query.find(exp.Window, *ORDER_DEPENDENT):
             frame = spark.sql(tie_broken(view.text, len(frame.columns)))
         frame.createOrReplaceTempView(view.name)
         if view.materialized:
@@ -53,12 +54,16 @@ def tie_broken(query: str, columns: int) -> str:
     ties made explicit, so that Spark batch SQL of it gives the one answer the engine
     maintains (of those Spark may give): the order of each window whose value depends on
     the order of tied rows (see :mod:`circuits.sql.windows`) ends with the rows' columns
-    (``struct(*)``), and the view's own ``ORDER BY ... LIMIT`` with its
-    columns, by position.  A query with neither is returned as it is."""
+    (``struct(*)``), the view's own ``ORDER BY ... LIMIT`` with its columns, by
+    position, and each aggregate whose value depends on the order of the rows (``max_by``,
+    ``collect_list``, ...) is the engine's (see :mod:`circuits.sql.aggregates`).  A query
+    with none of them is returned as it is."""
     tree = sqlglot.parse_one(query, read=DIALECT)
     windows = [w for w in tree.find_all(exp.Window) if order_dependent(w)]
-    if not windows and not (tree.args.get("limit") and tree.args.get("order")):
+    aggregates = tree.find(*ORDER_DEPENDENT)
+    if not windows and not aggregates and not (tree.args.get("limit") and tree.args.get("order")):
         return query
+    with_deterministic_aggregates(tree)
     for window in windows:
         if window.args.get("order") is None:
             window.set("order", exp.Order(expressions=[]))

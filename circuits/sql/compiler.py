@@ -26,6 +26,7 @@ from sqlglot import exp
 from .. import operators as ops
 from ..circuit import Circuit, Source, Stream
 from ..zset import parse_schema
+from .aggregates import RECOMPUTED, deterministic, over_no_rows
 from .analyses import Analyses
 from .decimals import exact_average
 from .errors import SqlError
@@ -205,11 +206,11 @@ class _Compiler:
             raise view.error(str(e), _line(e.node) or e.line) from e
         if len(rel.cols) != len(output.fields):
             raise view.error(f"the view has {len(rel.cols)} columns where Spark sees {len(output.fields)}")
-        columns = [F.col(c.internal).cast(f.dataType).alias(f.name) for c, f in zip(rel.cols, output.fields)]
-        stream = rel.stream.select(*columns)
-        self.views[view.name.lower()] = Rel(
-            stream, [Col(None, f.name, f.name) for f in output.fields], {f.name: f.dataType for f in output.fields}
+        types = {f.name: _output_type(f.dataType, rel.types[c.internal]) for c, f in zip(rel.cols, output.fields)}
+        stream = rel.stream.select(
+            *[F.col(c.internal).cast(types[f.name]).alias(f.name) for c, f in zip(rel.cols, output.fields)]
         )
+        self.views[view.name.lower()] = Rel(stream, [Col(None, f.name, f.name) for f in output.fields], types)
         if view.materialized:
             self.circuit.output(view.name, stream)
 
@@ -425,15 +426,19 @@ class _Compiler:
         stream = rel.stream.select(*[F.expr(text).alias(c.internal) for (_, text), c in zip(items, cols)])
         return Rel(stream, cols, self.types_of(rel.schema(), {c.internal: text for (_, text), c in zip(items, cols)}))
 
-    def types_of(self, schema: T.StructType, exprs: dict[str, str]) -> dict[str, T.DataType]:
+    def types_of(
+        self, schema: T.StructType, exprs: dict[str, str], *, aggregates: bool = False
+    ) -> dict[str, T.DataType]:
         """The Spark types of the named expressions over columns of ``schema`` (one
-        analysis by Spark, of an empty relation)."""
+        analysis by Spark, of an empty relation; ``aggregates``: they aggregate it)."""
 
         def ask() -> T.StructType:
-            return self.spark.createDataFrame([], schema).select(*[F.expr(e).alias(n) for n, e in exprs.items()]).schema
+            empty, columns = self.spark.createDataFrame([], schema), [F.expr(e).alias(n) for n, e in exprs.items()]
+            return (empty.agg(*columns) if aggregates else empty.select(*columns)).schema
 
         try:
-            analysed = self.analyses.answer(("types", schema.jsonValue(), exprs), ask)
+            question = "aggregate types" if aggregates else "types"
+            analysed = self.analyses.answer((question, schema.jsonValue(), exprs), ask)
             return {f.name: f.dataType for f in analysed.fields}
         except AnalysisException as e:
             raise SqlError(f"Spark cannot analyse {list(exprs.values())}: {str(e).strip().splitlines()[0]}") from e
@@ -758,9 +763,14 @@ class _Compiler:
         over no rows) with the aggregate ``calls`` (Spark SQL -> column, call), and each
         call's value over the groups' columns (Spark SQL)."""
         schema = rel.schema()
-        engine = {text: self.aggregate_argument(call, scope, schema) for text, (_, call) in calls.items()}
+        recomputed = {text: self.recomputed_call(call, scope) for text, (_, call) in calls.items() if _recomputed(call)}
+        engine = {
+            text: self.aggregate_argument(call, scope, schema)
+            for text, (_, call) in calls.items()
+            if text not in recomputed
+        }
         arguments: dict[str, str] = {}
-        for _, argument in engine.values():
+        for argument in [a for _, a in engine.values()] + [t for _, texts in recomputed.values() for t in texts]:
             if argument is not None:
                 arguments.setdefault(argument, self.fresh())
         projected = {**(keys or {self.fresh(): "0"}), **{c: text for text, c in arguments.items()}}
@@ -768,15 +778,22 @@ class _Compiler:
         _atomic_keys({k: types[k] for k in keys}, "a GROUP BY key", "group by its fields instead")
         aggs: dict[str, ops.Agg] = {}
         values = {}
-        for text, (out, _) in calls.items():
+        for text, (out, call) in calls.items():
+            if text in recomputed:
+                template, texts = recomputed[text]
+                reads = tuple(dict.fromkeys(arguments[t] for t in texts))
+                aggs[out] = ops.Agg("recomputed", call=_placed(template, [arguments[t] for t in texts]), reads=reads)
+                values[text] = _or_over_no_rows(out, call)
+                continue
             kind, argument = engine[text]
             column = None if argument is None else arguments[argument]
             values[text] = self.aggregate_value(out, ops.Agg(kind, column), types, aggs)
         if not aggs:  # GROUP BY without aggregates: a count keeps each group while it has rows
             aggs[self.fresh()] = ops.Agg("count", None)
+        types.update(self.recomputed_types(aggs, projected, types))
+        types.update({out: _aggregate_type(a, types) for out, a in aggs.items() if a.kind != "recomputed"})
         stream = rel.stream.select(*[F.expr(text).alias(c) for c, text in projected.items()])
         stream = stream.group_by(*list(projected)[: len(keys) or 1]).agg(**aggs)
-        types.update({out: _aggregate_type(a, types) for out, a in aggs.items()})
         if not keys:
             zeros = tuple(out for out, a in aggs.items() if a.kind in ("count", "count_distinct"))
             stream = stream.select(*aggs).default_row(*zeros)
@@ -802,11 +819,49 @@ class _Compiler:
         texts = [text for v in values for text in self.expanded(v, scope)]
         if kind == "count_distinct":
             return kind, self.distinct_value(call, texts, schema)
-        if len(texts) == 1 and kind in ("sum", "avg"):
+        if len(texts) == 1 and kind in _SUMS:
             return kind, self.numeric(call, texts[0], schema)
         if len(texts) == 1:
             return kind, texts[0]
         return kind, f"CASE WHEN {_all_present(texts)} THEN 1 END"
+
+    def recomputed_types(
+        self, aggs: dict[str, ops.Agg], projected: dict[str, str], types: dict[str, T.DataType]
+    ) -> dict[str, T.DataType]:
+        """The types of the recomputed aggregates of ``aggs`` over the ``projected`` columns
+        (of ``types``), each nested one made :func:`_nullable` in its call (``aggs`` updated):
+        the store reads every nested value back so, and Spark casts no nullable value to a
+        non-nullable type."""
+        calls = {out: a.call for out, a in aggs.items() if a.kind == "recomputed"}
+        if not calls:
+            return {}
+        schema = T.StructType([T.StructField(c, types[c]) for c in projected])
+        found = self.types_of(schema, calls, aggregates=True)
+        for out, kind in found.items():
+            if _nullable(kind) != kind:
+                found[out] = _nullable(kind)
+                aggs[out] = replace(aggs[out], call=f"CAST({calls[out]} AS {found[out].simpleString()})")
+        return found
+
+    def recomputed_call(self, call: exp.Expression, scope: _Scope) -> tuple[exp.Expression, list[str]]:
+        """A recomputed aggregate ``call`` (its ``FILTER`` too, which Spark evaluates itself)
+        made :func:`~circuits.sql.aggregates.deterministic`, over placeholders (see
+        :func:`_placed`) for its arguments that read columns; and those arguments, as Spark
+        SQL over ``scope``, in the placeholders' order."""
+        call = call.copy()
+        texts: list[str] = []
+
+        def placeholder(e: exp.Expression) -> exp.Expression:
+            texts.append(self.resolve(e, scope))
+            return exp.column(f"{_PLACEHOLDER}{len(texts) - 1}")
+
+        inner = call.this if isinstance(call, exp.Filter) else call
+        for key, value in list(inner.args.items()):
+            if isinstance(value, exp.Expression) and _columns(value):
+                inner.set(key, placeholder(value))
+        if isinstance(call, exp.Filter):
+            call.expression.set("this", placeholder(call.expression.this))
+        return deterministic(call), texts
 
     def numeric(self, call: exp.Expression, text: str, schema: T.StructType) -> str:
         """A ``sum`` or ``avg`` argument as the aggregate reads it: a string cast to a double,
@@ -847,16 +902,17 @@ class _Compiler:
         Spark: ``sum`` is a ``decimal(p + 10, s)``, and ``avg`` is that sum divided by the
         count of values, rounded once to ``decimal(p + 4, s + 4)`` (see :mod:`.decimals`)."""
         argument = types.get(a.column) if a.column else None
-        if a.kind not in ("sum", "avg") or not isinstance(argument, T.DecimalType):
+        if a.kind not in _SUMS or not isinstance(argument, T.DecimalType):
             aggs[out] = a
             return out
-        aggs[out] = ops.Agg("sum", a.column)
+        total_kind, count_kind = _SUMS[a.kind]
+        aggs[out] = ops.Agg(total_kind, a.column)
         p, s = argument.precision, argument.scale
         total = f"CAST({out} AS DECIMAL({min(38, p + 10)}, {s}))"
-        if a.kind == "sum":
+        if a.kind == total_kind:
             return total
         count = self.fresh()
-        aggs[count] = ops.Agg("count", a.column)
+        aggs[count] = ops.Agg(count_kind, a.column)
         return exact_average(total, count, s, min(38, p + 4), min(38, s + 4))
 
     def _group_expression(self, g: exp.Expression, node: exp.Select, scope: _Scope) -> exp.Expression:
@@ -1068,7 +1124,7 @@ def _over_no_rows(item: exp.Expression) -> str:
         lambda n: (
             exp.Literal.number(0)
             if AGGREGATES.get(type(n.this if isinstance(n, exp.Filter) else n)) == "count"
-            else exp.null()
+            else over_no_rows(n)
             if _is_call(n)
             else n
         )
@@ -1279,9 +1335,13 @@ def _aggregate_kind(call: exp.AggFunc) -> tuple[str, list[exp.Expression] | None
     if isinstance(call, exp.CountIf):
         return "count", [exp.Nullif(this=argument.copy(), expression=exp.false())]
     if isinstance(argument, exp.Distinct):
-        if kind != "count":
-            raise SqlError(f"not supported: {call.sql(DIALECT)}; only count(DISTINCT ...)", node=call)
-        return "count_distinct", list(argument.expressions)
+        distinct = {"count": "count_distinct", "sum": "sum_distinct", "avg": "avg_distinct"}
+        if kind not in distinct or (kind != "count" and len(argument.expressions) != 1):
+            raise SqlError(
+                f"not supported: {call.sql(DIALECT)}; only count(DISTINCT ...), sum(DISTINCT x) and avg(DISTINCT x)",
+                node=call,
+            )
+        return distinct[kind], list(argument.expressions)
     if isinstance(argument, exp.Star):
         return "count", None
     return kind, [argument, *(call.expressions if isinstance(call, exp.Count) else [])]
@@ -1292,8 +1352,62 @@ def _aggregate_type(a: ops.Agg, types: dict[str, T.DataType]) -> T.DataType:
     if a.kind in ("count", "count_distinct"):
         return T.LongType()
     argument = types[a.column]
-    if a.kind == "avg" or (a.kind == "sum" and isinstance(argument, (T.FloatType, T.DoubleType))):
+    total = a.kind in ("sum", "sum_distinct")
+    if a.kind in ("avg", "avg_distinct", *ops.MOMENTS) or (total and isinstance(argument, (T.FloatType, T.DoubleType))):
         return T.DoubleType()
-    if a.kind == "sum" and isinstance(argument, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+    if total and isinstance(argument, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
         return T.LongType()
     return argument
+
+
+_SUMS = {
+    "sum": ("sum", "count"),
+    "avg": ("sum", "count"),
+    "sum_distinct": ("sum_distinct", "count_distinct"),
+    "avg_distinct": ("sum_distinct", "count_distinct"),
+}
+"""The aggregates of a sum (``sum``, ``avg``, of all values or the distinct ones): each
+one's sum and count, which make it over a decimal (see :meth:`_Compiler.aggregate_value`)."""
+_PLACEHOLDER = "_dbsp_arg"
+
+
+def _nullable(kind: T.DataType) -> T.DataType:
+    """``kind`` with every nested element, value and field nullable."""
+    if isinstance(kind, T.ArrayType):
+        return T.ArrayType(_nullable(kind.elementType), True)
+    if isinstance(kind, T.MapType):
+        return T.MapType(_nullable(kind.keyType), _nullable(kind.valueType), True)
+    if isinstance(kind, T.StructType):
+        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True) for f in kind.fields])
+    return kind
+
+
+def _output_type(spark: T.DataType, engine: T.DataType) -> T.DataType:
+    """A view column's type: Spark's, nullable throughout where the engine's values are
+    (a recomputed aggregate's: see :meth:`_Compiler.recomputed_types`), as Spark casts no
+    nullable nested value to a non-nullable type."""
+    return _nullable(spark) if _nullable(engine) == engine else spark
+
+
+def _recomputed(call: exp.Expression) -> bool:
+    """``call`` (an aggregate, or one with ``FILTER``) is Spark's own, recomputed per group."""
+    return isinstance(call.this if isinstance(call, exp.Filter) else call, RECOMPUTED)
+
+
+def _placed(template: exp.Expression, columns: list[str]) -> str:
+    """``template`` (of :meth:`_Compiler.recomputed_call`) as Spark SQL over ``columns``:
+    its placeholder ``i`` as ``columns[i]``."""
+
+    def place(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and n.name.startswith(_PLACEHOLDER):
+            return exp.column(columns[int(n.name[len(_PLACEHOLDER) :])])
+        return n
+
+    return template.transform(place).sql(DIALECT)
+
+
+def _or_over_no_rows(out: str, call: exp.Expression) -> str:
+    """A recomputed aggregate's value: its column, or its value over no rows (a global
+    aggregate's default row has NULL in every column but the counts)."""
+    empty = over_no_rows(call)
+    return out if isinstance(empty, exp.Null) else f"coalesce({out}, {empty.sql(DIALECT)})"

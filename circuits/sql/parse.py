@@ -16,6 +16,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
+from .aggregates import RECOMPUTED
 from .errors import SqlError, located
 from .grouping import expand_grouping_sets
 
@@ -71,17 +72,30 @@ AGGREGATES = {
     exp.LogicalAnd: "min",
     exp.LogicalOr: "max",
     exp.CountIf: "count",
+    exp.Stddev: "stddev_samp",
+    exp.StddevSamp: "stddev_samp",
+    exp.StddevPop: "stddev_pop",
+    exp.Variance: "var_samp",
+    exp.VariancePop: "var_pop",
+    **{kind: "recomputed" for kind in RECOMPUTED},
 }
 """The SQL aggregates the engine maintains, by its ``Agg`` kind of each.  They are Spark's
 own definitions: ``bool_and``/``every`` is ``min`` over booleans and ``bool_or``/``some``/
 ``any`` is ``max`` (false < true; NULLs ignored, NULL over no value), ``count_if(p)`` is
-``count(NULLIF(p, false))``."""
-_MAINTAINED = "count, sum, avg, min, max, bool_and (every), bool_or (some, any) and count_if"
-_BOOLEAN_AGGREGATES = {"every": exp.LogicalAnd, "some": exp.LogicalOr, "any": exp.LogicalOr}
-"""Spark's other names of ``bool_and`` and ``bool_or``, which sqlglot reads as plain
+``count(NULLIF(p, false))``, ``stddev``/``std`` is ``stddev_samp`` and ``variance`` is
+``var_samp``; the :data:`~circuits.sql.aggregates.RECOMPUTED` ones are Spark's own,
+evaluated over a group's rows."""
+_MAINTAINED = (
+    "count, sum, avg, min, max, bool_and (every), bool_or (some, any), count_if, stddev_samp/stddev_pop (stddev, "
+    "std), var_samp/var_pop (variance), max_by, min_by, collect_list, collect_set, percentile, percentile_approx "
+    "and median"
+)
+_WHICHEVER_ROW = (exp.First, exp.Last, exp.AnyValue, exp.FirstValue, exp.LastValue)
+"""Aggregates whose value is whichever row Spark meets first or last: not a function of the rows."""
+_OTHER_NAMES = {"every": exp.LogicalAnd, "some": exp.LogicalOr, "any": exp.LogicalOr, "std": exp.Stddev}
+"""Spark's other names of ``bool_and``, ``bool_or`` and ``stddev``, which sqlglot reads as plain
 functions (``any(x)`` as ``x = ANY (subquery)``'s ``ANY``)."""
 _UNPARSED_AGGREGATES = {
-    "std",
     "try_sum",
     "try_avg",
     "histogram_numeric",
@@ -191,7 +205,7 @@ def _view(statement: str, line: int, file: str) -> View:
     head = _HEAD.match(statement)
     body = statement[head.end() :].strip() if head else query.sql(DIALECT)
     starts = statement.count("\n", 0, statement.index(body)) + 1 if head else line
-    query = query.transform(_boolean_aggregate, copy=False)
+    query = query.transform(_other_name, copy=False)
     try:
         query = expand_grouping_sets(query)
     except SqlError as e:
@@ -217,6 +231,11 @@ def _refuse_unsupported(view: View, statement: str) -> None:
             reason = "QUALIFY in a query with GROUP BY or aggregates; filter the groups with HAVING"
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
+        if reason is None and isinstance(node, _WHICHEVER_ROW) and not window_call(node):
+            reason = (
+                f"{node.sql(DIALECT)}, whichever row Spark meets first or last (not a function of the rows); "
+                "write min, max, max_by(x, y) or min_by(x, y) for the row of the least or greatest y"
+            )
         if reason is None and _lacking_aggregate(node):
             reason = f"the aggregate {node.sql(DIALECT)} (the engine maintains {_MAINTAINED})"
         if reason is not None:
@@ -226,11 +245,11 @@ def _refuse_unsupported(view: View, statement: str) -> None:
             )
 
 
-def _boolean_aggregate(node: exp.Expression) -> exp.Expression:
-    """``every(x)``, ``some(x)`` and ``any(x)`` as the ``bool_and``/``bool_or`` they are
-    (``x = ANY (subquery)`` is a comparison, not the aggregate)."""
-    if isinstance(node, exp.Anonymous) and node.name.lower() in _BOOLEAN_AGGREGATES and len(node.expressions) == 1:
-        return _BOOLEAN_AGGREGATES[node.name.lower()](this=node.expressions[0])
+def _other_name(node: exp.Expression) -> exp.Expression:
+    """``every(x)``, ``some(x)``, ``any(x)`` and ``std(x)`` as the ``bool_and``/``bool_or``/
+    ``stddev`` they are (``x = ANY (subquery)`` is a comparison, not the aggregate)."""
+    if isinstance(node, exp.Anonymous) and node.name.lower() in _OTHER_NAMES and len(node.expressions) == 1:
+        return _OTHER_NAMES[node.name.lower()](this=node.expressions[0])
     if isinstance(node, exp.Any) and not isinstance(node.this, (exp.Subquery, exp.Query)):
         return exp.LogicalOr(this=node.this.unnest())
     return node

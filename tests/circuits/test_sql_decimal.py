@@ -1,6 +1,6 @@
-"""Decimal ``sum`` and ``avg`` compiled from SQL give Spark's digits and types: ``sum`` of
-a ``decimal(p, s)`` is a ``decimal(p + 10, s)``, ``avg`` the exact quotient of that sum by
-the count rounded to ``decimal(p + 4, s + 4)``, equal to Spark batch SQL of the same text
+"""Decimal ``sum`` and ``avg`` (also ``DISTINCT``) compiled from SQL give Spark's digits and
+types: ``sum`` of a ``decimal(p, s)`` is a ``decimal(p + 10, s)``, ``avg`` the exact quotient
+of that sum by the count rounded to ``decimal(p + 4, s + 4)``, equal to Spark batch SQL of the same text
 at every step (not a double's quotient cast back, which loses the last digits of values
 with 16 or more significant digits)."""
 
@@ -22,7 +22,9 @@ SCHEMAS = {"t": "k int, p decimal(12,2), q decimal(20,8)"}
 
 VIEWS = """
 CREATE MATERIALIZED VIEW per_key AS
-  SELECT k, sum(p) AS total, avg(p) AS mean, avg(q) AS mean_q, sum(q) / 3 AS third FROM t GROUP BY k;
+  SELECT k, sum(p) AS total, avg(p) AS mean, avg(q) AS mean_q, sum(q) / 3 AS third, sum(DISTINCT p) AS distinct_total,
+         avg(DISTINCT p) AS distinct_mean, avg(DISTINCT q) AS distinct_mean_q
+  FROM t GROUP BY k;
 CREATE MATERIALIZED VIEW overall AS SELECT avg(p) AS mean, sum(p) AS total, avg(p) * 2 AS twice FROM t;
 """
 
