@@ -25,7 +25,7 @@ PROPERTY_TESTS = [
 @pytest.mark.skipif(bool(os.environ.get(CLASSIC)), reason="this run is the classic one")
 def test_the_property_tests_pass_on_a_classic_session():
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PROPERTY_TESTS],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *PROPERTY_TESTS],
         cwd=PROJECT,
         env={**os.environ, CLASSIC: "1"},
         capture_output=True,
