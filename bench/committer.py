@@ -180,9 +180,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="writes of each way per measured step")
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS), help="delta-rs is always measured")
     parser.add_argument("--url", help="a running Spark Connect server (default: one started for the run)")
-    started = time.perf_counter()
     on_spark(run, parser.parse_args(), "committer-")
-    print(f"\n{time.perf_counter() - started:.0f} s in all")
 
 
 if __name__ == "__main__":
