@@ -444,9 +444,9 @@ def _first_copies(raw: DataFrame, partitions: int) -> DataFrame:
     """The rows without the gateway records that a task of a split partition took again:
     of the copies of a record (its source's bytes from one position), the one at the
     lowest offset; in the ``partitions`` of the read.  The copies meet in a shuffle of
-    the framed rows alone, into as many partitions (not the session's shuffle partitions:
-    each partition of every frame over the read is a writer task of the input log, and a
-    1M-record step's write ran 900 tasks, mostly empty, 85 s of executor time)."""
+    the framed rows alone, into as many partitions, not the session's shuffle partitions:
+    each partition of every frame over the read is a writer task of the input log, and
+    an empty writer task costs about as much as a small one (``bench/RESULTS.md``)."""
     copies = Window.partitionBy("topic", "key", "position").orderBy("offset")
     framed = raw.where(F.col("position").isNotNull()).repartition(partitions, "topic", "key")
     first = framed.withColumn("_copy", F.row_number().over(copies)).where(F.col("_copy") == 1).drop("_copy")
