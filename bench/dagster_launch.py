@@ -14,6 +14,7 @@ Dagster and the launch add.  The worker's resident memory (VmRSS) is read after 
 warm-up and at the end.
 
     python bench/dagster_launch.py --events 1000 --steps 5 --warmup 3
+    python bench/dagster_launch.py --events 1 --steps 990 --warmup 10 --memory-every 100  # a leak
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=3, help="measured steps of each size (medians)")
     parser.add_argument("--warmup", type=int, default=3, help="unrecorded steps of the first size first")
+    parser.add_argument("--memory-every", type=int, default=0, help="print the worker's memory every N runs")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="dbsp-launch-")
     served = Served(root, max(args.events))
@@ -186,9 +188,13 @@ def main() -> None:
             served.step(args.events[0])
         runs, rss = args.warmup, served.worker_rss()
         for events in args.events:
-            steps = [served.step(events) for _ in range(args.steps)]
+            steps = []
+            for _ in range(args.steps):
+                steps.append(served.step(events))
+                runs += 1
+                if args.memory_every and runs % args.memory_every == 0:
+                    print(f"step worker memory after {runs} runs: {served.worker_rss() / 2**20:.0f} MiB", flush=True)
             lines.append(line(f"step run, {events} events", steps))
-            runs += args.steps
         last = served.worker_rss()
         lines.append(
             f"step worker memory: {last / 2**20:.0f} MiB after {runs} runs"

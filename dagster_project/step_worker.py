@@ -22,7 +22,10 @@ code server), and says so in the run's events.
 **Health**: Dagster's run monitoring asks the launcher about every started run.  A run
 whose worker process is gone (killed, out of memory) is reported failed with that cause,
 so its pipeline's lease is free for the next run, which recovers the uncommitted steps as
-after any crash (the pipeline's state is committed in Delta, not in the worker).
+after any crash (the pipeline's state is committed in Delta, not in the worker).  A run
+launched in a new process is watched the same way, by the pid that process reported.  A
+launch whose answer is lost stays the worker's unless the worker says it does not know
+the run: two processes never run one step.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import cast
 
-from dagster import DagsterInstance, DefaultRunLauncher
+from dagster import DagsterEventType, DagsterInstance, DefaultRunLauncher
 from dagster._core.events import EngineEventData
 from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus
 from dagster._core.origin import JobPythonOrigin
@@ -50,6 +53,7 @@ from circuits.errors import DbspError
 
 WORKER_FILE = "step_worker.json"
 WORKER_TAG = "dbsp/step_worker"
+NEW_PROCESS = "new process"  # WORKER_TAG of a run the worker did not take
 TIMEOUT = 10.0  # seconds for the worker to answer a request (it answers at once)
 PRELOAD = "dagster_project.definitions"
 
@@ -115,24 +119,35 @@ class StepWorkerLauncher(DefaultRunLauncher):
 
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
-        address = read_address(self._instance.root_directory)
-        if address is not None:
-            try:
-                answer = request(address, {"launch": run.run_id})
-            except OSError as e:
-                answer = {"refused": f"the step worker (pid {address.pid}) did not take it: {e}"}
-            if "refused" not in answer:
-                self._instance.add_run_tags(run.run_id, {WORKER_TAG: address.id})
-                return
-            reason = answer["refused"]
-        else:
-            reason = f"no step worker runs for {self._instance.root_directory} (`dbsp dev` starts one)"
+        reason = self._hand_to_worker(run)
+        if reason is None:
+            return
+        self._instance.add_run_tags(run.run_id, {WORKER_TAG: NEW_PROCESS})
         self._instance.report_engine_event(f"Launching the run in a new process: {reason}.", run, cls=type(self))
         super().launch_run(context)
 
+    def _hand_to_worker(self, run: DagsterRun) -> str | None:
+        """Hands ``run`` to the live worker: None once the worker has it, else why not."""
+        address = read_address(self._instance.root_directory)
+        if address is None:
+            return f"no step worker runs for {self._instance.root_directory} (`dbsp dev` starts one)"
+        # Tagged before it is sent, so the run is watched as the worker's even if the answer is lost.
+        self._instance.add_run_tags(run.run_id, {WORKER_TAG: address.id})
+        try:
+            return request(address, {"launch": run.run_id}).get("refused")
+        except (OSError, ValueError) as e:
+            lost = f"the step worker (pid {address.pid}) did not answer: {e}"
+        # The launch may have reached the worker: a second process would run the step again.
+        try:
+            known = request(address, {"status": run.run_id})["status"] != "unknown"
+        except (OSError, ValueError):
+            log.warning("run %s: %s, nor when asked again; it stays the worker's", run.run_id, lost)
+            return None  # watched: the worker's death, or Dagster's start timeout, fails it
+        return None if known else lost
+
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id)
-        if run is None or WORKER_TAG not in run.tags:
+        if run is None or run.tags.get(WORKER_TAG, NEW_PROCESS) == NEW_PROCESS:
             return super().terminate(run_id)
         self._instance.report_engine_event(
             "A run in the resident step worker ends with its step: it cannot be terminated before "
@@ -147,16 +162,13 @@ class StepWorkerLauncher(DefaultRunLauncher):
         return True
 
     def check_run_worker_health(self, run: DagsterRun) -> CheckRunHealthResult:
-        tag = run.tags.get(WORKER_TAG)
-        if tag is None:  # launched in a process of its own: nothing to watch, as with the default launcher
-            return CheckRunHealthResult(WorkerStatus.RUNNING)
+        tag = run.tags.get(WORKER_TAG, NEW_PROCESS)
+        if tag == NEW_PROCESS:
+            return self._check_run_process(run)
         pid, started = (int(part) for part in tag.split(":"))
         if process_start(pid) != started:
-            return CheckRunHealthResult(
-                WorkerStatus.FAILED,
-                f"the step worker running it (pid {pid}) is gone: it was killed or ran out of memory. "
-                "`dbsp dev` starts a new worker; the pipeline's next run runs the steps this one did not commit",
-            )
+            reason = gone(f"the step worker running it (pid {pid})") + "; `dbsp dev` starts a new worker"
+            return CheckRunHealthResult(WorkerStatus.FAILED, reason)
         address = read_address(self._instance.root_directory)
         try:
             if address is None or address.id != tag:
@@ -167,6 +179,26 @@ class StepWorkerLauncher(DefaultRunLauncher):
         if answer["status"] == "unknown":
             return CheckRunHealthResult(WorkerStatus.FAILED, f"the step worker (pid {pid}) is not running this run")
         return CheckRunHealthResult(WorkerStatus.RUNNING if answer["status"] == "running" else WorkerStatus.SUCCESS)
+
+    def _check_run_process(self, run: DagsterRun) -> CheckRunHealthResult:
+        """A run launched in a process of its own: that process, by the pid it reported when it
+        started (Dagster's default launcher watches none, so a killed run would stay STARTED)."""
+        pids = [
+            int(entry.dagster_event.engine_event_data.metadata["pid"].value)
+            for entry in self._instance.all_logs(run.run_id, of_type=DagsterEventType.ENGINE_EVENT)
+            if entry.dagster_event and "pid" in entry.dagster_event.engine_event_data.metadata
+        ]
+        if not pids or process_start(pids[-1]) is not None:
+            return CheckRunHealthResult(WorkerStatus.RUNNING)
+        return CheckRunHealthResult(WorkerStatus.FAILED, gone(f"the process running it (pid {pids[-1]})"))
+
+
+def gone(what: str) -> str:
+    """Why a run failed whose process died."""
+    return (
+        f"{what} is gone: it was killed or ran out of memory; "
+        "the pipeline's next run runs the steps this one did not commit"
+    )
 
 
 def _mtime(path: str) -> int | None:

@@ -205,12 +205,19 @@ def launch_step(port: int, name: str, step: int) -> tuple[str, str]:
     )["launchRun"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
     run_id = launched["run"]["runId"]
-    final = wait_for(
-        lambda: (s := graphql(port, RUN, {"id": run_id})["runOrError"]["status"]) in ("SUCCESS", "FAILURE") and s,
-        300,
-        f"step {step}'s run to finish",
-    )
-    return run_id, final
+    seen: list[str] = []
+
+    def finished() -> str | None:
+        seen.append(graphql(port, RUN, {"id": run_id})["runOrError"]["status"])
+        return seen[-1] if seen[-1] in ("SUCCESS", "FAILURE") else None
+
+    try:
+        return run_id, wait_for(finished, 300, f"step {step}'s run to finish")
+    except AssertionError as e:
+        raise AssertionError(f"{e} (run {run_id}, its status: {' -> '.join(dict.fromkeys(seen))})") from None
+
+
+LOG_TAIL = 150  # lines of dbsp dev's log printed when a test under it fails
 
 
 @contextlib.contextmanager
@@ -262,6 +269,12 @@ def dagster_dev(
         entry = wait_for(loaded, 120, "the webserver to load the code location")
         assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
         yield port, home
+    except BaseException:
+        # CI keeps only pytest's output: the failure's report carries what Dagster's processes said.
+        log.flush()
+        lines = (tmp_path / "webserver.log").read_bytes().decode(errors="replace").splitlines()
+        print(f"--- the last {LOG_TAIL} lines of dbsp dev's log ---", *lines[-LOG_TAIL:], sep="\n")
+        raise
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # dbsp dev, and every process it started
         try:

@@ -7,14 +7,27 @@ import inspect
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 from dagster import DagsterEventType, DagsterInstance
 from dagster._cli import api
+from dagster._core.events import EngineEventData
 from dagster._core.instance.ref import InstanceRef
+from dagster._core.launcher import WorkerStatus
+from dagster._core.test_utils import create_run_for_test
 from dagster._grpc.impl import core_execute_run
 
-from dagster_project.step_worker import WORKER_FILE, WORKER_TAG, StepWorker, process_start
+from dagster_project.cli import dagster_yaml
+from dagster_project.step_worker import (
+    NEW_PROCESS,
+    WORKER_FILE,
+    WORKER_TAG,
+    StepWorker,
+    StepWorkerLauncher,
+    process_start,
+)
 from storage.lease import Holder
 from storage.pipeline import status
 
@@ -112,3 +125,22 @@ def test_a_worker_whose_definitions_changed_refuses_runs_and_ends_when_its_runs_
         "refused": f"the step worker is restarting: {config} changed since the step worker loaded the definitions"
     }
     assert worker.retiring and not worker.busy()  # so serve() returns and the process ends
+
+
+def test_a_run_in_a_process_of_its_own_fails_when_that_process_is_gone(tmp_path):
+    """A run the worker did not take runs in a new process, which Dagster's default launcher
+    does not watch: killed, its run would stay STARTED for ever."""
+    (tmp_path / "dagster.yaml").write_text(dagster_yaml(str(tmp_path)))
+    with DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path))) as instance:
+        run = create_run_for_test(instance, tags={WORKER_TAG: NEW_PROCESS})
+        launcher = instance.run_launcher
+        assert isinstance(launcher, StepWorkerLauncher)
+        assert launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING  # not started yet
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        instance.report_engine_event("Started process for run.", run, EngineEventData.in_process(process.pid))
+        assert launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
+        process.kill()
+        process.wait()
+        health = launcher.check_run_worker_health(run)
+        assert health.status == WorkerStatus.FAILED
+        assert f"the process running it (pid {process.pid}) is gone" in health.msg
