@@ -22,15 +22,19 @@ from .console import log_path
 
 DAGSTER_YAML = """\
 # Written by dbsp: one run per pipeline at a time, in the order requested (steps run in
-# order); runs of a pipeline carry the tag dbsp/pipeline.
-run_queue:
-  max_concurrent_runs: 4
-  dequeue_interval_seconds: 1
-  tag_concurrency_limits:
-    - key: "dbsp/pipeline"
-      value:
-        applyLimitPerUniqueValue: true
-      limit: 1
+# order); runs of a pipeline carry the tag dbsp/pipeline. Dagster's queue, except that a run
+# with nothing ahead of it launches at once (dagster_project/run_coordinator.py).
+run_coordinator:
+  module: dagster_project.run_coordinator
+  class: StepRunCoordinator
+  config:
+    max_concurrent_runs: 4
+    dequeue_interval_seconds: 1
+    tag_concurrency_limits:
+      - key: "dbsp/pipeline"
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
 telemetry:
   enabled: false
 # Runs execute in the resident step worker that `dbsp dev` starts beside the code server

@@ -53,9 +53,9 @@ from .config import PipelineSpec, ProjectSpec, home, load_object
 from .demo_producer import produce_events
 from .metadata import flush_gateway, step_metadata, view_metadata
 from .resources import KafkaResource, SparkResource, StoreResource, build_resources
+from .run_coordinator import PIPELINE_TAG
 from .status import DeadLetterRate, dead_letter_rates, status_text
 
-PIPELINE_TAG = "dbsp/pipeline"
 CHECK = "well_formed"
 """The asset check of every view: its step's changes are consolidated and, unless the view
 is a bag, the view is a set."""

@@ -189,6 +189,12 @@ def wait_for(predicate, timeout: float, what: str):
 
 def launch_step(port: int, name: str, step: int) -> tuple[str, str]:
     """Launches pipeline ``name``'s run of ``step`` as the UI does; returns its id and final status."""
+    run_id = launch(port, name, step)
+    return run_id, finish(port, run_id, f"step {step}'s run")
+
+
+def launch(port: int, name: str, step: int) -> str:
+    """Launches pipeline ``name``'s run of ``step`` as the UI does; returns its id."""
     launched = graphql(
         port,
         LAUNCH,
@@ -204,7 +210,11 @@ def launch_step(port: int, name: str, step: int) -> tuple[str, str]:
         },
     )["launchRun"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
-    run_id = launched["run"]["runId"]
+    return launched["run"]["runId"]
+
+
+def finish(port: int, run_id: str, what: str) -> str:
+    """Run ``run_id``'s final status, once it has one (SUCCESS or FAILURE)."""
     seen: list[str] = []
 
     def finished() -> str | None:
@@ -212,7 +222,7 @@ def launch_step(port: int, name: str, step: int) -> tuple[str, str]:
         return seen[-1] if seen[-1] in ("SUCCESS", "FAILURE") else None
 
     try:
-        return run_id, wait_for(finished, 300, f"step {step}'s run to finish")
+        return wait_for(finished, 300, f"{what} to finish")
     except AssertionError as e:
         raise AssertionError(f"{e} (run {run_id}, its status: {' -> '.join(dict.fromkeys(seen))})") from None
 

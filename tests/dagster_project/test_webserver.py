@@ -6,10 +6,11 @@ import pytest
 from dagster import DagsterEventType, DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
+from dagster_project.run_coordinator import PIPELINE_TAG
 from dagster_project.step_worker import NEW_PROCESS, WORKER_TAG
 from storage.pipeline import status
 
-from .harness import Harness, dagster_dev, graphql, integral, launch_step, wait_for
+from .harness import Harness, dagster_dev, finish, graphql, integral, launch, wait_for
 
 BACKFILL = """
 mutation($params: LaunchBackfillParams!) {
@@ -60,6 +61,12 @@ def test_backfill_and_run_launched_through_graphql(spark, spark_resource, broker
     assert status(served.root).checkpoint_version == 1
     assert integral(served.pipeline(spark).outputs.read("bids_by_category", 0, 1)) == served.expected_revenue()
 
-    _, final = launch_step(port, name, 1)
-    assert final == "SUCCESS"
+    assert not instance.all_logs(runs[0].run_id, of_type=DagsterEventType.RUN_ENQUEUED)  # nothing was ahead
+    assert runs[0].tags[PIPELINE_TAG] == name  # the asset page's job carries none: the coordinator tags it
+
+    # Two runs at once: the first launches at once, the second queues behind it (one per pipeline).
+    first, second = launch(port, name, 1), launch(port, name, 1)
+    assert [finish(port, run_id, "a run of a committed step") for run_id in (first, second)] == ["SUCCESS"] * 2
+    assert not instance.all_logs(first, of_type=DagsterEventType.RUN_ENQUEUED)
+    assert instance.all_logs(second, of_type=DagsterEventType.RUN_ENQUEUED)
     assert status(served.root).checkpoint_version == 1  # a committed step again: nothing changed
