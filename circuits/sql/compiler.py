@@ -91,8 +91,9 @@ class _Scope:
     aliases: dict[str, exp.Expression] = field(default_factory=dict)
     """Select-list aliases that GROUP BY and HAVING may name (Spark resolves them)."""
     scalars: dict[str, str] = field(default_factory=dict)
-    """The scalar subqueries joined into the relation and the windows computed into it
-    (their SQL): each one's value, as Spark SQL over internal names."""
+    """The scalar subqueries joined into the relation, the windows computed into it and the
+    ``IN``/``EXISTS`` predicates marked in it (their SQL): each one's value, as Spark SQL
+    over internal names."""
 
     def find(self, column: exp.Column) -> Col | None:
         name, table = column.name.lower(), column.table.lower()
@@ -201,7 +202,7 @@ class _Compiler:
         self.current = view
         try:
             output = self._analyse(view)
-            rel = self.query(view.query, None)
+            rel = self.query(_negations_pushed(view.query), None)
         except SqlError as e:
             raise view.error(str(e), _line(e.node) or e.line) from e
         if len(rel.cols) != len(output.fields):
@@ -372,11 +373,13 @@ class _Compiler:
     def select(self, node: exp.Select, outer: _Scope | None) -> Rel:
         if node.args.get("from_") is None:
             raise SqlError("SELECT without FROM is not supported; read a table")
-        for e in [*node.expressions, node.args.get("having")]:
+        # Over groups, a predicate's rows would be the groups': not marked (see with_marks).
+        for e in [*(node.expressions if _is_aggregate(node) else []), node.args.get("having")]:
             for predicate in _predicate_subqueries(e) if e is not None else []:
                 raise SqlError(
-                    f"{_kind_of(predicate)} subquery in the select list or HAVING is not supported: "
-                    f"{predicate.sql(DIALECT)[:80]}; test it in WHERE, or join with the subquery in FROM",
+                    f"{_kind_of(predicate)} subquery in HAVING or beside aggregates is not supported: "
+                    f"{predicate.sql(DIALECT)[:80]}; test it in WHERE, or aggregate in a subquery in FROM "
+                    "and test it in the query that reads it",
                     node=predicate,
                 )
         rel = self.from_(node, outer)
@@ -397,6 +400,7 @@ class _Compiler:
         else:
             if node.args.get("having") is not None:
                 raise SqlError("HAVING without GROUP BY or aggregates")
+            rel, scope = self.with_marks(rel, scope, node.expressions)
             rel, scope = self.with_scalars(rel, scope, node.expressions, scope)
             items = self.items(node, scope)
         rel = self.project(rel, items)
@@ -575,28 +579,46 @@ class _Compiler:
 
     # WHERE and subqueries
     def where(self, rel: Rel, scope: _Scope, condition: exp.Expression) -> Rel:
-        plain, subqueries, scalars = [], [], []
+        plain, subqueries, checked = [], [], []
         for c in _conjuncts(condition):
             inner = c.this if isinstance(c, exp.Not) else c
             if isinstance(inner, exp.Exists) or (isinstance(inner, exp.In) and inner.args.get("query")):
                 subqueries.append((inner, isinstance(c, exp.Not)))
                 continue
-            for predicate in _predicate_subqueries(c):
-                raise SqlError(
-                    f"{_kind_of(predicate)} subquery is supported only as a conjunct of WHERE, not inside "
-                    f"{c.sql(DIALECT)[:80]}; make it a conjunct of its own (an OR of it: a UNION of two views)",
-                    node=predicate,
-                )
-            (scalars if _scalar_subqueries(c) else plain).append(c)
+            (checked if _scalar_subqueries(c) or _predicate_subqueries(c) else plain).append(c)
         if plain:
             rel = Rel(rel.stream.filter(F.expr(self.resolve(exp.and_(*plain), scope))), rel.cols, rel.types)
         for predicate, negated in subqueries:
             rel = self.semi_join(rel, scope, predicate, negated)
-        if scalars:
-            joined, with_values = self.with_scalars(rel, scope, scalars, scope)
-            kept = joined.stream.filter(F.expr(self.resolve(exp.and_(*scalars), with_values)))
+        if checked:
+            marked, with_marks = self.with_marks(rel, scope, checked)
+            joined, with_values = self.with_scalars(marked, with_marks, checked, with_marks)
+            kept = joined.stream.filter(F.expr(self.resolve(exp.and_(*checked), with_values)))
             rel = Rel(kept.select(*[c.internal for c in rel.cols]), rel.cols, rel.types)
         return rel
+
+    def with_marks(self, rel: Rel, scope: _Scope, expressions: list[exp.Expression]) -> tuple[Rel, _Scope]:
+        """``rel`` with the truth of each ``EXISTS (q)``, ``x IN (q)`` and ``NOT (x IN (q))``
+        of ``expressions`` beside each row (one under ``OR``, ``NOT`` or ``CASE``, or in a
+        select list), and ``scope`` resolving each to it.  As Spark rewrites them (an
+        existence join each), a mark is TRUE or FALSE, never NULL: TRUE on the rows of the
+        semi join with ``q`` (of the null-aware anti join for ``NOT IN``), FALSE on the rest,
+        so ``x IN (q)`` is FALSE where SQL's three values would say unknown."""
+        marks = dict(scope.scalars)
+        for e in expressions:
+            for predicate in _predicate_subqueries(e):
+                negation = _negation(predicate) if isinstance(predicate, exp.In) else None
+                marked = negation or predicate
+                if marked.sql(DIALECT) in marks:
+                    continue
+                holds = self.semi_join(rel, replace(scope, cols=rel.cols), predicate, negation is not None)
+                mark, cols = self.fresh(), [c.internal for c in rel.cols]
+                parts = [(holds.stream, "true"), (rel.stream.minus(holds.stream), "false")]
+                streams = [stream.select(*cols, F.expr(truth).alias(mark)) for stream, truth in parts]
+                types = {**rel.types, mark: T.BooleanType()}
+                rel = Rel(streams[0].union(streams[1]), [*rel.cols, Col(None, "", mark)], types)
+                marks[marked.sql(DIALECT)] = mark
+        return rel, replace(scope, cols=rel.cols, scalars=marks)
 
     def with_scalars(
         self, rel: Rel, scope: _Scope, expressions: list[exp.Expression], correlate: _Scope | None
@@ -950,7 +972,10 @@ class _Compiler:
     def _resolved(self, e: exp.Expression, scope: _Scope) -> str:
 
         def rename(n: exp.Expression) -> exp.Expression:
-            if isinstance(n, (exp.Subquery, exp.Window)) and n.sql(DIALECT) in scope.scalars:
+            if (
+                isinstance(n, (exp.Subquery, exp.Window, exp.Exists, exp.In, exp.Not))
+                and n.sql(DIALECT) in scope.scalars
+            ):
                 return exp.paren(exp.maybe_parse(scope.scalars[n.sql(DIALECT)], dialect=DIALECT), copy=False)
             if not isinstance(n, exp.Column) or isinstance(n.this, exp.Star):
                 return n
@@ -1035,6 +1060,35 @@ def _predicate_subqueries(e: exp.Expression) -> list[exp.Expression]:
         for n in _outside_subqueries(e)
         if isinstance(n, exp.Exists) or (isinstance(n, exp.In) and n.args.get("query"))
     ]
+
+
+def _negations_pushed(query: exp.Expression) -> exp.Expression:
+    """``query`` with each ``NOT`` above an ``IN``/``EXISTS`` subquery pushed down to it
+    (De Morgan's laws, which hold in SQL's three values), as Spark's optimizer does before
+    it rewrites the subqueries: where the ``NOT`` lands decides whether ``x IN (q)`` is
+    taken as the existence of an equal value or ``NOT (x IN (q))`` as the null-aware
+    absence of one (:meth:`_Compiler.with_marks`)."""
+
+    def push(n: exp.Expression) -> exp.Expression:
+        if not isinstance(n, exp.Not) or not _predicate_subqueries(n):
+            return n
+        inner = n.this.unnest()
+        if isinstance(inner, exp.Not):
+            return _negations_pushed(inner.this.unnest())
+        if isinstance(inner, (exp.And, exp.Or)):
+            join = exp.or_ if isinstance(inner, exp.And) else exp.and_
+            return _negations_pushed(exp.paren(join(exp.not_(inner.this), exp.not_(inner.expression))))
+        return exp.not_(inner) if inner is not n.this else n
+
+    return query.transform(push)  # a replaced node's children are not visited: hence the recursion
+
+
+def _negation(predicate: exp.Expression) -> exp.Not | None:
+    """The ``NOT`` applied to ``predicate`` (through parentheses), if any."""
+    node = predicate.parent
+    while isinstance(node, exp.Paren):
+        node = node.parent
+    return node if isinstance(node, exp.Not) else None
 
 
 def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:

@@ -110,8 +110,8 @@ test_sql_views_equal_spark_batch_sql_durably_across_a_restart = durably_equal_to
         ("SELECT array(k) AS ks, count(*) AS n FROM a GROUP BY array(k)", "array<int> value as a GROUP BY key"),
         ("SELECT a.v FROM a JOIN b ON named_struct('k', a.k) = named_struct('k', b.k)", "value as a join key"),
         ("SELECT array(k) AS m FROM a UNION SELECT array(x) AS m FROM b", "value as a column of UNION"),
-        ("SELECT k, v FROM a WHERE k = 1 OR v IN (SELECT x FROM b)", "subquery is supported only as a conjunct"),
-        ("SELECT k, v IN (SELECT x FROM b) AS found FROM a", "IN subquery in the select list or HAVING"),
+        ("SELECT k, v FROM a WHERE k = 1 OR (k, v) IN (SELECT k, x FROM b)", "IN (subquery) of several columns"),
+        ("SELECT k, count(*) AS n, k IN (SELECT x FROM b) AS f FROM a GROUP BY k", "IN subquery in HAVING or beside"),
     ],
 )
 def test_load_errors_name_the_file_line_view_and_cause(spark, query, cause):

@@ -149,12 +149,13 @@ def compile_refusal(spark, query: str) -> str:
 
 def test_compiler_refusals_name_the_construct_seen_and_its_line(spark):
     """The compiler's refusals (with Spark) blame what the query holds, at its line: an
-    ``IN`` subquery under ``OR`` is named as such, not as a scalar subquery, and vice versa."""
-    message = compile_refusal(spark, "SELECT k, v FROM a\nWHERE k = 1\n  OR v IN (SELECT x FROM b)")
-    assert message.startswith("views.sql:5, view 'bad': IN subquery is supported only as a conjunct of WHERE")
-    assert "UNION" in message
-    message = compile_refusal(spark, "SELECT k,\n  EXISTS (SELECT 1 FROM b WHERE b.k = a.k) AS e FROM a")
-    assert message.startswith("views.sql:4, view 'bad': EXISTS subquery in the select list or HAVING")
+    ``IN`` subquery is named as such, not as a scalar subquery, and vice versa."""
+    message = compile_refusal(spark, "SELECT k FROM a GROUP BY k\nHAVING k = 1\n  OR k IN (SELECT x FROM b)")
+    assert message.startswith("views.sql:5, view 'bad': IN subquery in HAVING or beside aggregates"), message
+    message = compile_refusal(
+        spark, "SELECT k, count(*) AS n,\n  EXISTS (SELECT 1 FROM b WHERE b.k = a.k) AS e FROM a GROUP BY k"
+    )
+    assert message.startswith("views.sql:4, view 'bad': EXISTS subquery in HAVING or beside aggregates"), message
     message = compile_refusal(spark, "SELECT k FROM a\nWHERE v > (SELECT x\n  FROM b)")
     assert message.startswith("views.sql:4, view 'bad': a scalar subquery that is not an aggregate")
 
