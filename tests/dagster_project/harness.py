@@ -28,6 +28,7 @@ from dagster_project.cli import dagster_yaml
 from dagster_project.config import parse_project
 from dagster_project.devserver import create_instance
 from dagster_project.factory import build_definitions, step_key
+from sensors.broker import ensure_topics
 from sensors.kafka import KafkaClient
 from storage.pipeline import Pipeline
 
@@ -77,7 +78,7 @@ class Harness:
         self.source = self.resources["kafka"].source(self.spec)
         self.client = KafkaClient(bootstrap)
         if create_topics:
-            self.client.create_topics({t: self.spec.topic_partitions for t in self.source.topics.values()})
+            ensure_topics(bootstrap, {t: self.spec.topic_partitions for t in self.source.topics.values()})
         self.root = self.resources["store"].pipeline_root(self.name)
         self.sensor = self.defs.resolve_sensor_def(f"{self.name}_kafka_offsets")
         self.job = self.defs.resolve_job_def(f"{self.name}_step_job")
