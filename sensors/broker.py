@@ -225,8 +225,5 @@ def ensure_topics(
 def _served(client: KafkaClient, topics: dict[str, int]) -> bool:
     if any(client.topics().get(t) != n for t, n in topics.items()):
         return False
-    try:
-        client.offsets(list(topics))
-    except BrokerUnavailableError:  # "not leader for partition" while the leaders are elected
-        return False
+    client.offsets(list(topics))  # waits while the new partitions' leaders are elected
     return True

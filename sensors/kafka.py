@@ -29,6 +29,15 @@ def unreachable(bootstrap_servers: str, timeout: float, cause: str) -> BrokerUna
     return BrokerUnavailableError(no_broker(bootstrap_servers, timeout, cause))
 
 
+_ELECTING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+"""What a broker answers for a partition without a leader yet."""
+
+
+def _electing(error: KafkaException) -> bool:
+    kafka_error = error.args[0] if error.args else None
+    return isinstance(kafka_error, KafkaError) and kafka_error.code() in _ELECTING
+
+
 class KafkaClient:
     """Metadata, watermarks and producing for one Kafka cluster."""
 
@@ -75,10 +84,36 @@ class KafkaClient:
         return {key: (low[key], high[key]) for key in low}
 
     def _list_offsets(self, parts: list[TopicPartition], spec: OffsetSpec) -> dict[tuple[str, int], int]:
-        if not parts:
-            return {}
-        futures = self._admin.list_offsets({tp: spec for tp in parts}, request_timeout=self.timeout)
-        return {(tp.topic, tp.partition): self._call(future.result).offset for tp, future in futures.items()}
+        """The offsets of ``parts``.  A partition whose leader the broker is still electing (a
+        topic just created, a broker just started) is asked again until ``self.timeout``; one
+        that never gets a leader is named with what the broker answered: it did answer."""
+        found: dict[tuple[str, int], int] = {}
+        deadline = time.monotonic() + self.timeout
+        while parts:
+            futures = self._admin.list_offsets({tp: spec for tp in parts}, request_timeout=self.timeout)
+            waiting: dict[TopicPartition, KafkaException] = {}
+            for tp, future in futures.items():
+                try:
+                    found[(tp.topic, tp.partition)] = future.result().offset
+                except KafkaException as error:
+                    if not _electing(error):
+                        raise unreachable(self.bootstrap_servers, self.timeout, error_text(error)) from error
+                    waiting[tp] = error
+            if waiting and time.monotonic() > deadline:
+                raise self._leaderless(waiting)
+            parts = list(waiting)
+            if parts:
+                time.sleep(0.1)
+        return found
+
+    def _leaderless(self, waiting: dict[TopicPartition, KafkaException]) -> BrokerStalledError:
+        tp, error = next(iter(waiting.items()))
+        named = ", ".join(f"{t.topic}[{t.partition}]" for t in list(waiting)[:5])
+        return BrokerStalledError(
+            f"the broker at {self.bootstrap_servers!r} answered, but {len(waiting)} partition(s) ({named}) had no "
+            f"leader for {self.timeout:g} s ({error_text(error)}): the cluster is electing leaders (a broker starting, "
+            "stopping or overloaded) or a replica is down; check the brokers' logs, then retry"
+        )
 
     def create_topics(self, topics: dict[str, int], replication_factor: int = 1) -> None:
         """Creates each topic with its partition count; a topic that exists already is left as it is."""
