@@ -167,20 +167,35 @@ def _joinable(url: str) -> str:
     joined again.  Asked with a bare client: a session object made for a closed session
     hangs the interpreter's exit."""
     from pyspark.errors.exceptions.connect import SparkConnectException
-    from pyspark.sql.connect.client import SparkConnectClient
 
     if ";session_id=" not in url:
         return url
-    client = SparkConnectClient(url)
     try:
-        client.get_configs("spark.app.id")
+        with bare_client(url) as client:
+            client.get_configs("spark.app.id")
         return url
     except SparkConnectException as e:
         if "INVALID_HANDLE.SESSION_CLOSED" not in str(e):
             raise
         return re.sub(r";session_id=[^;]*", "", url)
+
+
+@contextmanager
+def bare_client(url: str, **options) -> Iterator:
+    """A Spark Connect client of no session object, closed after use.  PySpark registers
+    every client's exit hook with ``atexit``, which keeps a closed client (its channel, stubs
+    and thread pools) alive as long as the process: a resident worker asking per run grew
+    without bound.  The hook goes with the close."""
+    import atexit
+
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    client = SparkConnectClient(url, **options)
+    try:
+        yield client
     finally:
         client.close()
+        atexit.unregister(client._on_exit)
 
 
 def connect_server(
@@ -253,15 +268,10 @@ def connect_server(
 
 def _probe(url: str, log_path: str) -> str:
     """The application id of the server at ``url``: a listening but hung server fails to say."""
-    from pyspark.sql.connect.client import SparkConnectClient
-
     try:
         # A bare client: a session of this process would outlive the probe.
-        probe = SparkConnectClient(url, retry_policy={"max_retries": 2})
-        try:
+        with bare_client(url, retry_policy={"max_retries": 2}) as probe:
             return probe.get_configs("spark.app.id")[0]
-        finally:
-            probe.close()
     except Exception as e:
         raise SparkUnavailableError(f"the Spark Connect server at {url} does not answer ({e}); see {log_path}") from e
 

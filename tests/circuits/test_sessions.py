@@ -1,6 +1,7 @@
 """Every process on the embedded Spark Connect server joins one session of it (its Python
 workers are per session), and a process whose named session was closed takes its own."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -8,6 +9,8 @@ import uuid
 from pathlib import Path
 
 from pyspark.sql.connect.client import SparkConnectClient
+
+from circuits.spark import _probe, remote_session
 
 PROJECT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -44,6 +47,22 @@ def _server_session(url: str) -> str:
 def test_processes_join_the_embedded_servers_session(connect_url):
     assert ";session_id=" in connect_url
     assert _session_of_child(connect_url) == (7, _server_session(connect_url))
+
+
+def _live_clients() -> int:
+    gc.collect()
+    return sum(isinstance(o, SparkConnectClient) for o in gc.get_objects())
+
+
+def test_connecting_again_and_again_keeps_no_client_alive(connect_url):
+    """A resident step worker connects once per run (the server's probe, the session's
+    check): every client it asked with must be freed, or the worker grows run by run."""
+    remote_session(connect_url)
+    before = _live_clients()
+    for _ in range(5):
+        _probe(connect_url.split("/;")[0], "the server's log")
+        remote_session(connect_url)
+    assert _live_clients() == before
 
 
 def test_a_process_whose_named_session_was_closed_takes_its_own(connect_url):
