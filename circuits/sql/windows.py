@@ -1,6 +1,5 @@
-"""Window functions as columns of a select list (``f(...) OVER (PARTITION BY p ORDER BY o
-frame)``), compiled into :class:`circuits.operators.WindowFunctions`: one operator per
-``PARTITION BY``, each adding its windows' columns to the rows.
+"""Which window functions' values depend on the order of rows tied under their ``ORDER BY``,
+for the compiler (:mod:`circuits.sql.compiler.windowed`) and the oracle alike.
 
 Which row comes first among rows equal under a window's ``ORDER BY`` is Spark's choice,
 and some functions' values depend on it: ``ROW_NUMBER``, ``NTILE``, ``LAG``, ``LEAD`` and
@@ -14,17 +13,9 @@ refused over a ``RANGE`` frame (see :mod:`circuits.sql.parse`).
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
-
-from pyspark.sql import functions as F
 from sqlglot import exp
 
-from .errors import SqlError
-from .parse import DIALECT, rows_frame, window_function
-
-if TYPE_CHECKING:
-    from .compiler import Rel, _Compiler, _Scope
+from .parse import rows_frame, window_function
 
 ORDERED = (exp.RowNumber, exp.Ntile, exp.Lag, exp.Lead)
 """The functions whose value depends on the order of rows equal under ``ORDER BY``, over
@@ -34,45 +25,3 @@ any frame (they take none)."""
 def order_dependent(window: exp.Window) -> bool:
     """``window``'s value depends on the order of its rows tied under its ``ORDER BY``."""
     return isinstance(window_function(window), ORDERED) or rows_frame(window)
-
-
-def windowed(compiler: _Compiler, rel: Rel, scope: _Scope, windows: list[exp.Window]) -> tuple[Rel, _Scope]:
-    """``rel`` (a FROM's rows) with the value of each of ``windows`` beside each row (in a
-    nameless column), and ``scope`` resolving each window to it."""
-    from .compiler import Col, Rel
-
-    if not windows:
-        return rel, scope
-    ties = [c.internal for c in rel.cols if c.name and not c.hidden]  # what struct(*) reads
-    keys: dict[str, str] = {}  # PARTITION BY expression -> its column
-    groups: dict[tuple[str, ...], list[tuple[str, str, str]]] = {}
-    scalars, texts = dict(scope.scalars), {}
-    for window in windows:
-        if window.sql(DIALECT) in scalars:
-            continue
-        if any(isinstance(n, (exp.Subquery, exp.Exists)) for n in window.walk()):
-            raise SqlError(f"a subquery in a window function: {window.sql(DIALECT)[:80]}", node=window)
-        partition = [compiler.resolve(p, scope) for p in window.args.get("partition_by") or []]
-        group = tuple(keys.setdefault(text, compiler.fresh()) for text in partition)
-        value = compiler.fresh()
-        groups.setdefault(group, []).append(
-            (value, compiler.resolve(window.this, scope), _spec(compiler, window, scope, ties))
-        )
-        scalars[window.sql(DIALECT)] = value
-        texts[value] = compiler.resolve(window, scope)
-    stream = rel.stream.select(*[c.internal for c in rel.cols], *[F.expr(t).alias(k) for t, k in keys.items()])
-    for group, functions in groups.items():
-        stream = stream.window(group, functions)
-    cols = [*rel.cols, *[Col(None, "", v) for v in texts]]
-    types = {**rel.types, **compiler.types_of(rel.schema(), texts)}
-    return Rel(stream.select(*[c.internal for c in cols]), cols, types), replace(scope, cols=cols, scalars=scalars)
-
-
-def _spec(compiler: _Compiler, window: exp.Window, scope: _Scope, ties: list[str]) -> str:
-    """``window``'s ``ORDER BY`` (its tie-break appended, if it needs one) and frame, as
-    Spark SQL over internal names."""
-    order = [compiler.resolve(o, scope) for o in (window.args.get("order") or exp.Order()).expressions]
-    if order_dependent(window):
-        order += [f"{c} ASC NULLS FIRST" for c in ties]
-    frame = window.args.get("spec")
-    return " ".join([f"ORDER BY {', '.join(order)}" if order else "", compiler.resolve(frame, scope) if frame else ""])
