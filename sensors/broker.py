@@ -225,5 +225,8 @@ def ensure_topics(
 def _served(client: KafkaClient, topics: dict[str, int]) -> bool:
     if any(client.topics().get(t) != n for t, n in topics.items()):
         return False
-    client.offsets(list(topics))  # waits while the new partitions' leaders are elected
+    try:
+        client.offsets(list(topics))  # waits while the new partitions' leaders are elected
+    except SourceError:  # a new partition the broker does not serve yet: ask again until the deadline
+        return False
     return True

@@ -29,13 +29,24 @@ def unreachable(bootstrap_servers: str, timeout: float, cause: str) -> BrokerUna
     return BrokerUnavailableError(no_broker(bootstrap_servers, timeout, cause))
 
 
-_ELECTING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
-"""What a broker answers for a partition without a leader yet."""
+_ELECTING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+    }
+)
+"""What a broker answers for a partition while its leader is elected."""
 
 
 def _electing(error: KafkaException) -> bool:
+    """Whether the broker answered that a partition's leader is being elected (not a
+    client-side failure to reach it)."""
     kafka_error = error.args[0] if error.args else None
-    return isinstance(kafka_error, KafkaError) and kafka_error.code() in _ELECTING
+    return isinstance(kafka_error, KafkaError) and (
+        kafka_error.code() in _ELECTING or (kafka_error.code() > 0 and kafka_error.retriable())
+    )
 
 
 class KafkaClient:
