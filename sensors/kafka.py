@@ -44,9 +44,7 @@ def _electing(error: KafkaException) -> bool:
     """Whether the broker answered that a partition's leader is being elected (not a
     client-side failure to reach it)."""
     kafka_error = error.args[0] if error.args else None
-    return isinstance(kafka_error, KafkaError) and (
-        kafka_error.code() in _ELECTING or (kafka_error.code() > 0 and kafka_error.retriable())
-    )
+    return isinstance(kafka_error, KafkaError) and kafka_error.code() in _ELECTING
 
 
 class KafkaClient:
