@@ -14,10 +14,11 @@ import importlib
 import os
 import sys
 import traceback
+from pathlib import Path
 
 from circuits.errors import DbspError
 
-from .config import HOME_ENV, home
+from .config import HOME_ENV, POSTGRES_ENV, ConfigError, home
 from .console import log_path
 
 DAGSTER_YAML = """\
@@ -50,7 +51,6 @@ run_monitoring:
 EVENT_LOG_YAML = """\
 # Every run's events in one SQLite database, its connections kept open by each process
 # (dagster_project/event_log.py). `dbsp dev` creates it before Dagster's processes start.
-# A shared deployment configures Postgres storage instead.
 event_log_storage:
   module: dagster_project.event_log
   class: LocalEventLogStorage
@@ -59,8 +59,22 @@ event_log_storage:
 """
 
 
-def dagster_yaml(dagster_home: str) -> str:
-    """The ``dagster.yaml`` that ``dbsp`` writes in a new Dagster home."""
+POSTGRES_YAML = f"""\
+# Runs, events, schedules and sensor cursors in PostgreSQL (dagster-postgres), shared by every
+# process and machine that uses this home; the URL, with its password, stays in the environment.
+storage:
+  postgres:
+    postgres_url:
+      env: {POSTGRES_ENV}
+"""
+
+
+def dagster_yaml(dagster_home: str, postgres: bool = False) -> str:
+    """The ``dagster.yaml`` that ``dbsp`` writes in a new Dagster home: the instance's
+    storage in SQLite under the home, or with ``postgres`` in the database that
+    ``$DBSP_DAGSTER_POSTGRES_URL`` names."""
+    if postgres:
+        return DAGSTER_YAML + POSTGRES_YAML
     return DAGSTER_YAML + EVENT_LOG_YAML.format(base_dir=os.path.join(os.path.abspath(dagster_home), "history"))
 
 
@@ -69,7 +83,15 @@ def _prepare_home() -> None:
     os.environ[HOME_ENV] = home()
     os.environ.setdefault("DAGSTER_HOME", home("dagster"))
     os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
-    _write_once(os.path.join(os.environ["DAGSTER_HOME"], "dagster.yaml"), dagster_yaml(os.environ["DAGSTER_HOME"]))
+    config = os.path.join(os.environ["DAGSTER_HOME"], "dagster.yaml")
+    postgres = bool(os.environ.get(POSTGRES_ENV))
+    _write_once(config, dagster_yaml(os.environ["DAGSTER_HOME"], postgres))
+    if postgres and POSTGRES_ENV not in Path(config).read_text():
+        raise ConfigError(
+            f"{POSTGRES_ENV} is set, but {config} (written before) keeps the instance elsewhere: "
+            f"add its storage section (docs/configuration.md, 'The Dagster instance'), or move the file "
+            f"away for dbsp to write one on Postgres, or unset {POSTGRES_ENV}"
+        )
     # Dagster's UI greets a home without this file with its "join the community" dialog.
     _write_once(os.path.join(os.environ["DAGSTER_HOME"], ".nux", "nux.yaml"), "seen: 1\n")
 
@@ -194,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         args.dagster_args = unknown
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    _prepare_home()
     try:
+        _prepare_home()
         run = getattr(importlib.import_module(_MODULES.get(args.run, ".commands"), __package__), args.run)
         return run(args)
     except DbspError as e:

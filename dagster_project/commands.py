@@ -11,7 +11,6 @@ import time
 import traceback
 
 import pyarrow as pa
-from dagster import DagsterInstance
 from rich.console import Console
 from rich.table import Table
 
@@ -89,7 +88,7 @@ def klogs_demo(args: argparse.Namespace) -> int:
     total on the terminal; Dagster's events and Spark's output go to the log."""
     path = log_path(home("logs"), "klogs-demo")
     with output_to_log(path, echo=args.verbose) as terminal, contextlib.redirect_stdout(terminal):
-        succeeded = run_klogs_demo(load_project(args.config), args.one_step, DagsterInstance.get())
+        succeeded = run_klogs_demo(load_project(args.config), args.one_step, devserver.open_instance())
     if not succeeded:
         print(f"dbsp klogs-demo: a step failed; full log: {path}", file=sys.stderr)
     return 0 if succeeded else 1
@@ -162,7 +161,7 @@ def recover(args: argparse.Namespace) -> int:
     recovery = pipeline.recover(resources["kafka"].source(spec).read, holder, args.break_lease)
     if args.break_lease:
         print(f"broke the lease: {recovery.broken}")
-    record_committed(DagsterInstance.get(), spec, pipeline, recovery.ran, holder.name)
+    record_committed(devserver.open_instance(), spec, pipeline, recovery.ran, holder.name)
     print(f"ran steps {list(recovery.ran)}; next step {recovery.next_step}")
     return 0
 
@@ -200,7 +199,7 @@ def step(args: argparse.Namespace) -> int:
     if position.committed_step == position.divided_step:
         print(f"dbsp step: no step to run ({cut.reason})")
         return 0
-    holder, instance = _holder("step", spec.lease_wait_seconds), DagsterInstance.get()
+    holder, instance = _holder("step", spec.lease_wait_seconds), devserver.open_instance()
     with pipeline.lease.held(holder):
         for s in range(position.committed_step, position.divided_step):
             pipeline.timings.clear()

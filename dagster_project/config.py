@@ -46,6 +46,7 @@ if typing.TYPE_CHECKING:
 
 CONFIG_ENV = "DBSP_CONFIG"
 HOME_ENV = "DBSP_HOME"
+POSTGRES_ENV = "DBSP_DAGSTER_POSTGRES_URL"  # a new Dagster home's storage: this PostgreSQL database
 
 
 class ConfigError(DbspError):

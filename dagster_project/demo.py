@@ -30,6 +30,7 @@ from storage.pipeline import Pipeline, status
 from .config import PipelineSpec, ProjectSpec, load_object
 from .console import Progress
 from .demo_producer import produce_events
+from .devserver import open_instance
 from .factory import build_definitions
 from .kafka import EMBEDDED
 from .status import dead_letters_note
@@ -133,7 +134,7 @@ def run_demo(
     spec = PipelineSpec(**{**base, "max_records_per_step": events_per_step, "max_wait_seconds": 0})
     project = project.model_copy(update={"pipelines": [spec], "sources": []})  # its resources, and their file
     defs = build_definitions(project)
-    instance = DagsterInstance.get()
+    instance = open_instance()
     resources = defs.resources
     store, kafka, spark = resources["store"], resources["kafka"], resources["spark"]
     root = store.pipeline_root(spec.name)

@@ -25,6 +25,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from .config import POSTGRES_ENV, ConfigError
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
 
 GRACE = 5.0  # for dagster dev to stop its services itself
 TERM_GRACE = 2.0  # for what is left to end on SIGTERM before SIGKILL
@@ -42,9 +48,26 @@ def create_instance(dagster_home: str) -> None:
     dev``'s webserver, daemon and code server would otherwise each create a new home's at
     once, and the set-up of the event log that ``dbsp`` configures does not retry: one of
     them fails on alembic's version table."""
-    from dagster import DagsterInstance
+    open_instance(dagster_home).dispose()
 
-    DagsterInstance.from_config(dagster_home).dispose()
+
+def open_instance(dagster_home: str | None = None) -> DagsterInstance:
+    """The Dagster instance of ``dagster_home`` (default ``$DAGSTER_HOME``).  A PostgreSQL
+    storage that does not answer is named with what it said (dagster-postgres says only
+    that it retried)."""
+    from dagster import DagsterInstance
+    from dagster_postgres.utils import DagsterPostgresException
+
+    try:
+        return DagsterInstance.from_config(dagster_home) if dagster_home else DagsterInstance.get()
+    except DagsterPostgresException as e:
+        seen = str(getattr(e.__cause__, "orig", None) or e.__cause__ or e).strip().splitlines()[0]
+        home = dagster_home or os.environ.get("DAGSTER_HOME", "")
+        raise ConfigError(
+            f"the Dagster instance's PostgreSQL database did not answer ({seen}); check the database that "
+            f"{POSTGRES_ENV} (or the storage section of {os.path.join(home, 'dagster.yaml')}) names, "
+            "and that its server runs"
+        ) from e
 
 
 def address(dagster_args: Sequence[str]) -> tuple[str, int]:

@@ -25,7 +25,7 @@ from circuits.daemon import free_port
 from circuits.library.nexmark import nexmark_records
 from circuits.spark import stop_connect_server
 from dagster_project.cli import dagster_yaml
-from dagster_project.config import parse_project
+from dagster_project.config import POSTGRES_ENV, parse_project
 from dagster_project.devserver import create_instance
 from dagster_project.factory import build_definitions, step_key
 from sensors.broker import ensure_topics
@@ -233,7 +233,13 @@ LOG_TAIL = 150  # lines of dbsp dev's log printed when a test under it fails
 
 @contextlib.contextmanager
 def dagster_dev(
-    tmp_path, bootstrap: str, name: str, spark: dict | None = None, env: dict | None = None, **settings
+    tmp_path,
+    bootstrap: str,
+    name: str,
+    spark: dict | None = None,
+    env: dict | None = None,
+    postgres: str | None = None,
+    **settings,
 ) -> Iterator[tuple[int, object]]:
     """``dbsp dev`` (``dagster dev``'s webserver, daemon and code server, and the resident step
     worker) serving one pipeline ``name`` with the Dagster home ``dbsp`` writes, until the
@@ -242,11 +248,13 @@ def dagster_dev(
     Without ``spark``, the runs use the embedded Spark Connect server, as ``dbsp dev`` does:
     the first run starts it (pid and log under $DBSP_HOME/spark), the next ones reuse it, and
     it is stopped at the end.  ``env``: more environment variables for its processes;
-    ``settings`` are the pipeline's (see :func:`project_settings`)."""
+    ``settings`` are the pipeline's (see :func:`project_settings`).  With ``postgres`` (a
+    database's URL), ``dbsp dev`` writes the home itself, its storage in that database."""
     home = tmp_path / "dagster"
     home.mkdir()
-    (home / "dagster.yaml").write_text(dagster_yaml(str(home)))
-    create_instance(str(home))
+    if postgres is None:
+        (home / "dagster.yaml").write_text(dagster_yaml(str(home)))
+        create_instance(str(home))
     config = tmp_path / "dbsp.yaml"
     spark_port = None if spark else free_port()
     spark = spark or {"embedded_port": spark_port}
@@ -257,6 +265,7 @@ def dagster_dev(
         "DAGSTER_HOME": str(home),
         "DBSP_CONFIG": str(config),
         "DBSP_HOME": str(tmp_path),
+        **({POSTGRES_ENV: postgres} if postgres else {}),
         **(env or {}),
     }
     log = open(tmp_path / "webserver.log", "wb")

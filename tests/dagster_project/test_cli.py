@@ -442,3 +442,29 @@ def test_a_new_dagster_home_keeps_every_runs_events_in_one_database_made_before_
     with dg.DagsterInstance.from_config(str(home)) as instance:  # as another process reads them
         stored = instance.all_logs(result.run_id)
     assert {e.dagster_event_type for e in stored} >= {dg.DagsterEventType.RUN_START, dg.DagsterEventType.RUN_SUCCESS}
+
+
+@pytest.mark.slow
+def test_a_dagster_home_on_postgres_that_does_not_answer_or_was_written_for_sqlite_is_named(tmp_path):
+    closed = f"postgresql://dbsp:secret@127.0.0.1:{free_port()}/dagster"
+    unanswered = subprocess.run(
+        [DBSP, "dev", "-p", str(free_port())],
+        env=minimal_env(tmp_path, DBSP_DAGSTER_POSTGRES_URL=closed),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unanswered.returncode == 2
+    assert "DBSP_DAGSTER_POSTGRES_URL" in unanswered.stderr and "Connection refused" in unanswered.stderr
+    assert "secret" not in unanswered.stderr and "Traceback" not in unanswered.stderr, unanswered.stderr
+    assert "DBSP_DAGSTER_POSTGRES_URL" in (tmp_path / "dbsp" / "dagster" / "dagster.yaml").read_text()
+
+    # A home written for SQLite is not switched over silently.
+    sqlite_home = tmp_path / "other" / "dagster"
+    sqlite_home.mkdir(parents=True)
+    (sqlite_home / "dagster.yaml").write_text(dagster_yaml(str(sqlite_home)))
+    env = minimal_env(tmp_path, DAGSTER_HOME=str(sqlite_home), DBSP_DAGSTER_POSTGRES_URL=closed)
+    mismatch = subprocess.run([DBSP, "status"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert mismatch.returncode == 2 and "Traceback" not in mismatch.stderr, mismatch.stderr
+    assert f"{sqlite_home / 'dagster.yaml'} (written before)" in mismatch.stderr

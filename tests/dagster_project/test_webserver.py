@@ -1,15 +1,20 @@
 """Steps launched the way the UI launches them: GraphQL calls to ``dbsp dev`` (webserver
-and daemon, with the Dagster home ``dbsp`` writes), whose runs execute in the resident
-step worker (its own SparkSession) against the test broker."""
+and daemon, with the Dagster home ``dbsp`` writes, on PostgreSQL), whose runs execute in
+the resident step worker (its own SparkSession) against the test broker."""
 
+import contextlib
+
+import psycopg2
 import pytest
 from dagster import DagsterEventType, DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
+from dagster_project.config import POSTGRES_ENV
 from dagster_project.run_coordinator import PIPELINE_TAG
 from dagster_project.step_worker import NEW_PROCESS, WORKER_TAG
 from storage.pipeline import status
 
+from ..postgres import postgres_server
 from .harness import Harness, dagster_dev, finish, graphql, integral, launch, wait_for
 
 BACKFILL = """
@@ -24,15 +29,20 @@ mutation($params: LaunchBackfillParams!) {
 
 
 @pytest.fixture
-def webserver(tmp_path, broker):
-    """A Dagster webserver serving one pipeline; yields (port, Dagster home, pipeline name)."""
-    with dagster_dev(tmp_path, broker.bootstrap, "served") as (port, home):
-        yield port, home, "served"
+def webserver(tmp_path, broker, monkeypatch):
+    """A Dagster webserver serving one pipeline, its instance in a PostgreSQL server of the
+    test's own (``dbsp dev`` started with ``DBSP_DAGSTER_POSTGRES_URL``, as a shared
+    deployment runs; the other ``dbsp dev`` tests keep the SQLite home); yields (port,
+    Dagster home, pipeline name, the database)."""
+    with postgres_server() as database:
+        monkeypatch.setenv(POSTGRES_ENV, database.url)  # this process's instance reads the same database
+        with dagster_dev(tmp_path, broker.bootstrap, "served", postgres=database.url) as (port, home):
+            yield port, home, "served", database
 
 
 @pytest.mark.slow
 def test_backfill_and_run_launched_through_graphql(spark, spark_resource, broker, tmp_path, webserver):
-    port, home, name = webserver
+    port, home, name, database = webserver
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
     served = Harness(
         tmp_path, broker.bootstrap, instance, name=name, spark=spark_resource
@@ -70,3 +80,14 @@ def test_backfill_and_run_launched_through_graphql(spark, spark_resource, broker
     assert not instance.all_logs(first, of_type=DagsterEventType.RUN_ENQUEUED)
     assert instance.all_logs(second, of_type=DagsterEventType.RUN_ENQUEUED)
     assert status(served.root).checkpoint_version == 1  # a committed step again: nothing changed
+
+    # The webserver, daemon, step worker and this process shared the database: no SQLite in the home.
+    assert not list(home.rglob("*.db"))
+    with contextlib.closing(psycopg2.connect(database.url)) as db, db.cursor() as cursor:
+        cursor.execute("SELECT status FROM runs ORDER BY create_timestamp")
+        assert [row[0] for row in cursor.fetchall()] == ["SUCCESS"] * 3
+        cursor.execute(
+            "SELECT partition FROM event_logs WHERE run_id = %s AND dagster_event_type = 'ASSET_MATERIALIZATION'",
+            (runs[0].run_id,),
+        )
+        assert sorted(row[0] for row in cursor.fetchall()) == steps  # the backfill's, a step each
