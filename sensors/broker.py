@@ -26,6 +26,8 @@ from circuits.jvm import KAFKA, jars
 from .errors import BrokerUnavailableError, SourceError
 from .kafka import KafkaClient, unreachable
 
+ASK_SECONDS = 2.0  # a question of ensure_topics' wait
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -213,20 +215,25 @@ def ensure_topics(
     existing = client.topics()
     missing = {t: n for t, n in topics.items() if t not in existing}
     client.create_topics(missing)
+    # Each question waits briefly, so ``timeout`` is the one deadline for the whole wait.
+    asking = KafkaClient(bootstrap_servers, config, min(timeout, ASK_SECONDS))
     deadline = time.monotonic() + timeout
-    while not _served(client, missing):
+    while (seen := _unserved(asking, missing)) is not None:
         if time.monotonic() > deadline:
             raise SourceError(
-                f"topics {sorted(missing)} were created on {bootstrap_servers!r} but were not served within {timeout:g} s"
+                f"topics {sorted(missing)} were created on {bootstrap_servers!r} but were not served within "
+                f"{timeout:g} s (last seen: {seen})"
             )
         time.sleep(0.05)
 
 
-def _served(client: KafkaClient, topics: dict[str, int]) -> bool:
-    if any(client.topics().get(t) != n for t, n in topics.items()):
-        return False
+def _unserved(client: KafkaClient, topics: dict[str, int]) -> str | None:
+    """Why ``topics`` are not served yet, or None when every partition answers."""
     try:
-        client.offsets(list(topics))  # waits while the new partitions' leaders are elected
-    except SourceError:  # a new partition the broker does not serve yet: ask again until the deadline
-        return False
-    return True
+        partitions = client.topics()
+        if short := sorted(t for t, n in topics.items() if partitions.get(t) != n):
+            return f"{short} not in the metadata with all their partitions"
+        client.offsets(list(topics))
+    except SourceError as e:  # a new partition the broker does not serve yet: ask again until the deadline
+        return str(e)
+    return None
