@@ -39,6 +39,21 @@ COLUMNS = {"a": "k INT, v INT, s STRING", "b": "k BIGINT, x INT, d DOUBLE"}
 CHANGE_FEED = "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
 
 
+WRITER_CONF = {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "1"}
+"""Spark's own Delta writer on the tests' tiny tables: its UPDATE, MERGE and RESTORE jobs
+shuffle into 200 partitions by default, minutes a statement on two cores."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_writes(spark):
+    before = {k: spark.conf.get(k, None) for k in WRITER_CONF}
+    for k, v in WRITER_CONF.items():
+        spark.conf.set(k, v)
+    yield
+    for k, v in before.items():
+        spark.conf.unset(k) if v is None else spark.conf.set(k, v)
+
+
 @pytest.fixture(scope="module")
 def circuit(spark):
     return compile_sql(VIEWS, SQL_SCHEMAS, spark)
@@ -126,7 +141,7 @@ def run_history(spark, circuit, tmp_path, workers: int, history, restart_round: 
             else:
                 pipeline.run_steps(sources.read, cut.step, cut.step)
             versions = {h: next(r.end for r in cut.ranges if r.source == DELTA + p) - 1 for h, p in paths.items()}
-            as_of = {h: spark.read.format("delta").option("versionAsOf", versions[h]).load(p) for h, p in paths.items()}
+            as_of = {h: as_of_version(spark, h, p, versions[h]) for h, p in paths.items()}
             for name, df in batch_views(spark, VIEWS, as_of).items():
                 add_into(integrals[name], zset(logged_rows(pipeline, name, cut.step)))
                 want = zset((*row, 1) for row in df.collect())
@@ -134,6 +149,14 @@ def run_history(spark, circuit, tmp_path, workers: int, history, restart_round: 
                     f"step {cut.step} (versions {versions}), workers={workers}, view {name!r}:\n"
                     f"  missing: {dict(want - integrals[name])}\n  extra:   {dict(integrals[name] - want)}"
                 )
+
+
+def as_of_version(spark, handle: str, path: str, version: int):
+    """Table ``handle`` at ``path`` as of ``version`` by Spark's time travel (-1: before
+    its first version, when no step has taken one)."""
+    if version < 0:
+        return spark.createDataFrame([], SQL_SCHEMAS[handle])
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
 def recovered(spark, circuit, root, workers, sources, step, paths, tmp_path) -> Pipeline:
