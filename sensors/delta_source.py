@@ -222,6 +222,11 @@ def changes(spark: SparkSession, source: str, r: Range, handle: str, schema: T.S
     )
 
 
+_GONE = ("FileNotFound", "FILE_NOT_FOUND", "FILE_NOT_EXIST", "DELTA_VERSIONS_NOT_CONTIGUOUS")
+"""What a change-feed read that met a removed file or log entry says (exception names and
+Spark's or Delta's error classes)."""
+
+
 def read_failed(error: BaseException, ranges: list[Range]) -> DeltaInputError | None:
     """The error of a change-feed read that failed (Delta's, passed on as text by the
     Spark error that failed the job), naming the table; None for another failure."""
@@ -234,6 +239,6 @@ def read_failed(error: BaseException, ranges: list[Range]) -> DeltaInputError | 
                 f"table {table_path(r.source)}: versions {r.start}..{r.end - 1} have no change data recorded; "
                 f"turn it on with ALTER TABLE delta.`{table_path(r.source)}` SET TBLPROPERTIES ({CHANGE_FEED} = true)"
             )
-        if "FileNotFound" in text or "FILE_NOT_FOUND" in text or "DELTA_VERSIONS_NOT_CONTIGUOUS" in text:
+        if any(sign in text for sign in _GONE):
             return _vacuumed(table_path(r.source), r.start, r.end - 1)
     return None

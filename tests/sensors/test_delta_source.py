@@ -11,13 +11,19 @@ import shutil
 from collections import Counter
 
 import pytest
+from deltalake import DeltaTable
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from circuits.sql import batch_views, compile_sql
 from sensors.delta_source import DELTA, DeltaTables
 from sensors.division import DivisionPolicy, cut_next
-from sensors.errors import ChangeFeedMissingError, InputColumnsChangedError, TableRewrittenError
+from sensors.errors import (
+    ChangeFeedMissingError,
+    ChangesVacuumedError,
+    InputColumnsChangedError,
+    TableRewrittenError,
+)
 from sensors.ingest import Sources
 from storage.faults import InjectedCrash
 from storage.logs import DivisionLog
@@ -233,4 +239,21 @@ def test_a_column_of_another_type_than_the_pipeline_reads_is_refused(spark, circ
         pipeline.run_steps(sources.read, 0, 0)
     message = str(raised.value)
     assert path in message and "column 'v'" in message and "reads as int" in message and "bigint there" in message
+    assert not pipeline.inputs.persisted(0)
+
+
+def test_versions_whose_files_were_vacuumed_are_refused_naming_them_and_the_retention(spark, circuit, tmp_path):
+    path = str(tmp_path / "a")
+    tables = {"a": create(spark, path, COLUMNS["a"]), "b": create(spark, str(tmp_path / "b"), COLUMNS["b"])}
+    sources = Sources(tables=DeltaTables(tables))
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, 1, 'p')")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE k = 1")
+    DeltaTable(path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)  # version 1's file
+    pipeline = Pipeline(spark, str(tmp_path / "pipeline"), circuit)
+    assert cut_next(pipeline.divisions, sources, DivisionPolicy(10, 0)).step == 0
+    with pytest.raises(ChangesVacuumedError) as raised:
+        pipeline.run_steps(sources.read, 0, 0)
+    message = str(raised.value)
+    assert path in message and "versions 0.." in message
+    assert "delta.deletedFileRetentionDuration" in message and "delta.logRetentionDuration" in message
     assert not pipeline.inputs.persisted(0)
