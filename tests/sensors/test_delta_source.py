@@ -193,6 +193,7 @@ def test_views_over_delta_tables_equal_spark_batch_sql_as_of_each_step(
     run_history(spark, circuit, tmp_path_factory.mktemp("delta"), workers, history, restart_round, max_versions)
 
 
+@pytest.mark.slow
 def test_a_table_without_the_change_feed_is_refused_before_a_step_is_cut(spark, tmp_path):
     source = create(spark, str(tmp_path / "plain"), COLUMNS["a"], properties="")
     spark.sql(f"INSERT INTO delta.`{tmp_path / 'plain'}` VALUES (1, 1, 'p')")
@@ -205,6 +206,7 @@ def test_a_table_without_the_change_feed_is_refused_before_a_step_is_cut(spark, 
     assert DivisionLog(pipeline_root).next_step() == 0  # nothing recorded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "rewrite, named",
     [
@@ -225,6 +227,7 @@ def test_an_overwritten_or_restored_table_is_refused_naming_it(spark, tmp_path, 
     assert divisions.next_step() == 1
 
 
+@pytest.mark.slow
 def test_a_column_of_another_type_than_the_pipeline_reads_is_refused(spark, circuit, tmp_path):
     path = str(tmp_path / "a")
     tables = {
@@ -242,6 +245,7 @@ def test_a_column_of_another_type_than_the_pipeline_reads_is_refused(spark, circ
     assert not pipeline.inputs.persisted(0)
 
 
+@pytest.mark.slow
 def test_versions_whose_files_were_vacuumed_are_refused_naming_them_and_the_retention(spark, circuit, tmp_path):
     path = str(tmp_path / "a")
     tables = {"a": create(spark, path, COLUMNS["a"]), "b": create(spark, str(tmp_path / "b"), COLUMNS["b"])}
