@@ -184,7 +184,7 @@ def quarantine(args: argparse.Namespace) -> int:
 
 
 def step(args: argparse.Namespace) -> int:
-    """Divides what the pipeline's topics hold into steps, as the offset sensor does but
+    """Divides what the pipeline's sources hold into steps, as the offset sensor does but
     without waiting, and runs each step not yet committed, as its Dagster run does (the same
     division and step code), printing the demo's line per step; Dagster records each step
     as materialized."""
@@ -192,8 +192,8 @@ def step(args: argparse.Namespace) -> int:
     resources = build_resources(project)
     source = resources["kafka"].source(spec)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
-    policy, client, topics = DivisionPolicy(spec.max_records_per_step, 0), source.client(), list(source.topics.values())
-    while (cut := cut_next(pipeline.divisions, client, topics, policy)).step is not None:
+    policy = DivisionPolicy(spec.max_records_per_step, 0)
+    while (cut := cut_next(pipeline.divisions, source, policy)).step is not None:
         pass
     position = pipeline_status(pipeline.root)
     if position.committed_step == position.divided_step:
@@ -217,16 +217,16 @@ def produce(args: argparse.Namespace) -> int:
     """Sends each line of a file to a pipeline's topic as one record (for trying a pipeline
     out; a real producer writes the topic itself)."""
     project = load_project(args.config)
-    spec = next((p for p in project.pipelines if args.topic in p.sources.values()), None)
+    spec = next((p for p in project.pipelines if args.topic in p.topics.values()), None)
     if spec is None:
-        topics = sorted(t for p in project.pipelines for t in p.sources.values())
+        topics = sorted(t for p in project.pipelines for t in p.topics.values())
         raise ConfigError(f"{args.topic!r} is no pipeline's input topic; the topics are {topics}")
     try:
         with open(args.file, "rb") as f:
             values = [line.rstrip(b"\r\n") for line in f if line.strip()]
     except OSError as e:
         raise ConfigError(f"cannot read {args.file}: {e.strerror}") from None
-    source = build_resources(project)["kafka"].source(spec)
+    source = build_resources(project)["kafka"].source(spec).kafka
     sent = source.client().produce(args.topic, values)
     print(f"dbsp produce: {sent} records to {args.topic} on {source.bootstrap_servers} (pipeline {spec.name})")
     return 0

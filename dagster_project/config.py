@@ -45,6 +45,7 @@ if typing.TYPE_CHECKING:
     from circuits.circuit import Circuit
 
 CONFIG_ENV = "DBSP_CONFIG"
+DELTA = "delta:"  # as sensors.delta_source.DELTA: this module loads no source package
 HOME_ENV = "DBSP_HOME"
 POSTGRES_ENV = "DBSP_DAGSTER_POSTGRES_URL"  # a new Dagster home's storage: this PostgreSQL database
 
@@ -119,7 +120,9 @@ class PipelineSpec(BaseModel):
         "without it, the producer module's SCHEMAS",
     )
     sources: dict[str, str] = Field(
-        description="the Kafka topic of each circuit input, e.g. {bids: nexmark.bids}; every input needs one"
+        description="the source of each circuit input, every input needs one: a Kafka topic (bids: nexmark.bids) or a "
+        "Delta table with the change data feed on, 'delta:' and its path (orders: delta:/data/orders; relative to "
+        "the configuration file)"
     )
     sinks: list[SinkSpec] = Field(
         default_factory=list,
@@ -157,6 +160,40 @@ class PipelineSpec(BaseModel):
         None,
         description="'module:function(start, count, seed)' returning records per input handle, for a demo producer job",
     )
+
+    @field_validator("sources")
+    @classmethod
+    def _table_paths(cls, sources: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        """Each Delta table's path made absolute, so that its divisions name one table."""
+        resolved = {}
+        for handle, source in sources.items():
+            if source.startswith(DELTA):
+                path = source.removeprefix(DELTA).removeprefix("file://")
+                if not path:
+                    raise ValueError(f"{handle}: {source!r} names no table; write delta:/path/to/table")
+                if "://" in path:
+                    raise ValueError(
+                        f"{handle}: {source!r}: this version reads Delta tables on a local (or mounted) file system "
+                        "only; mount the bucket and give the mount path"
+                    )
+                source = DELTA + str(Path((info.context or {}).get("base", ".")).joinpath(path).absolute())
+            elif not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", source):
+                raise ValueError(
+                    f"{handle}: {source!r} is neither a Kafka topic (letters, digits, '.', '_' and '-') nor a Delta "
+                    "table (delta:/path/to/table)"
+                )
+            resolved[handle] = source
+        return resolved
+
+    @property
+    def topics(self) -> dict[str, str]:
+        """The Kafka topic of each input read from Kafka."""
+        return {h: s for h, s in self.sources.items() if not s.startswith(DELTA)}
+
+    @property
+    def tables(self) -> dict[str, str]:
+        """The source (``delta:<path>``) of each input read from a Delta table."""
+        return {h: s for h, s in self.sources.items() if s.startswith(DELTA)}
 
     @field_validator("sinks", mode="before")
     @classmethod
@@ -490,7 +527,7 @@ class ProjectSpec(BaseModel):
 
     @model_validator(mode="after")
     def _sources_feed_pipelines(self) -> ProjectSpec:
-        topics = {t for p in self.pipelines for t in p.sources.values()}
+        topics = {t for p in self.pipelines for t in p.topics.values()}
         for i, group in enumerate(self.sources):
             if group.topic not in topics:
                 raise ValueError(
@@ -508,7 +545,7 @@ class ProjectSpec(BaseModel):
 
     def topic_partitions(self, topic: str) -> int:
         """The partitions the embedded broker gives ``topic`` (its pipeline's setting)."""
-        return next(p.topic_partitions for p in self.pipelines if topic in p.sources.values())
+        return next(p.topic_partitions for p in self.pipelines if topic in p.topics.values())
 
 
 def demo_settings() -> dict:

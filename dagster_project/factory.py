@@ -113,7 +113,7 @@ def build_pipeline(spec: PipelineSpec, gateway_topics: frozenset[str] = frozense
         f"{spec.name}_rescale", selection=[layout], tags={PIPELINE_TAG: spec.name}, executor_def=in_process_executor
     )
     jobs = [step_job, rescale_job, *_maintenance_jobs(spec)]
-    fed = bool(gateway_topics & set(spec.sources.values()))
+    fed = bool(gateway_topics & set(spec.topics.values()))
     return Definitions(assets=[steps, layout], jobs=jobs, sensors=[_offset_sensor(spec, partitions, step_job, fed)])
 
 
@@ -322,7 +322,8 @@ def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, 
         job=step_job,
         minimum_interval_seconds=spec.sensor_interval_seconds,
         default_status=DefaultSensorStatus.RUNNING if spec.sensor_running else DefaultSensorStatus.STOPPED,
-        description=f"Cuts the next step of {spec.name!r} from its topics' end offsets and requests its run.",
+        description=f"Cuts the next step of {spec.name!r} from its topics' end offsets and its Delta tables' "
+        "latest versions, and requests its run.",
     )
     def offsets(context: SensorEvaluationContext, store: StoreResource, kafka: KafkaResource):
         return evaluate_sensor(
@@ -350,7 +351,7 @@ def evaluate_sensor(
         # Demand-based flush (docs/gateway.md): the gateway hands over its partly filled buffers now,
         # so the step about to be cut holds every record it has read.
         figures, unflushed = flush_gateway(gateway_fed)
-        cut = cut_next(DivisionLog(root), source.client(), list(source.topics.values()), policy)
+        cut = cut_next(DivisionLog(root), source, policy)
     except SourceError as e:
         return SkipReason(f"{spec.name}: nothing recorded: {e}")
     if unflushed is not None and cut.step is not None:
@@ -524,7 +525,7 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
 
         @op(name=f"{spec.name}_produce_op")
         def produce(context: OpExecutionContext, config: ProduceConfig, kafka: KafkaResource):
-            source = kafka.source(spec)
+            source = kafka.source(spec).kafka
             start = produce_events(source, records_of, config.events, config.seed)
             context.log.info(f"produced events {start}..{start + config.events} to {sorted(source.topics.values())}")
 

@@ -9,7 +9,8 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pyspark.sql import SparkSession
 
 from circuits.spark import connect_server, remote_session, session
-from sensors.ingest import KafkaSource
+from sensors.delta_source import DeltaTables
+from sensors.ingest import KafkaSource, Sources
 
 from .config import ConfigError, PipelineSpec, ProjectSpec, describe_errors, home
 from .kafka import EMBEDDED, KafkaSettings
@@ -80,11 +81,14 @@ class StoreResource(_Resource):
 class KafkaResource(_Resource, KafkaSettings):
     """The Kafka cluster the offset sensors watch (:class:`~dagster_project.kafka.KafkaSettings`)."""
 
-    def source(self, spec: PipelineSpec) -> KafkaSource:
-        """The pipeline's topics on this cluster; the embedded broker is started, and the
-        topics created on it, when missing."""
-        bootstrap = self.bootstrap({t: spec.topic_partitions for t in spec.sources.values()})
-        return KafkaSource(bootstrap, spec.sources, self.client_config())
+    def source(self, spec: PipelineSpec) -> Sources:
+        """The pipeline's inputs: its topics on this cluster (the embedded broker is started,
+        and the topics created on it, when missing) and its Delta tables."""
+        kafka = None
+        if spec.topics:
+            bootstrap = self.bootstrap({t: spec.topic_partitions for t in spec.topics.values()})
+            kafka = KafkaSource(bootstrap, spec.topics, self.client_config())
+        return Sources(kafka, DeltaTables(spec.tables) if spec.tables else None)
 
 
 def build_resources(project: ProjectSpec) -> dict[str, ConfigurableResource]:

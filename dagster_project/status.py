@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from circuits.vnodes import Layout
+from sensors.delta_source import is_table, table_path
 from sensors.status import Report
 from storage import inspect
 from storage.logs import dead_letters_uri, input_uri
@@ -77,6 +78,10 @@ def status_text(r: Report) -> str:
     ]
     if r.lag is None:
         lines.append(f"lag: unknown ({r.error})")
-    for (topic, partition), (lag, end) in (r.lag or {}).items():
-        lines.append(f"lag {topic}[{partition}]: {lag} records not yet in a step (end offset {end})")
+    for (source, partition), (lag, end) in (r.lag or {}).items():
+        lines.append(
+            f"lag {table_path(source)}: {lag} versions not yet in a step (latest version {end - 1})"
+            if is_table(source)
+            else f"lag {source}[{partition}]: {lag} records not yet in a step (end offset {end})"
+        )
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Cutting a source's records into steps: the offset ranges of the next step.
 
 The division log (a Delta table) is the only record of which offsets belong to which
-step.  Each call reads it, asks the broker for its end offsets, and records at most one
+step.  Each call reads it, asks the sources for their positions (a broker's end offsets,
+a Delta table's latest version: see :mod:`sensors.delta_source`), and records at most one
 new step; a process that dies between recording and anything else loses nothing, since
 the next call starts from the log again.
 """
@@ -10,20 +11,35 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from storage.faults import failpoint
 from storage.logs import DivisionLog, Range
 
+from .delta_source import is_table, went_back
 from .errors import OffsetsLostError
-from .kafka import KafkaClient
 
 Partition = tuple[str, int]
 
 
+class Positions(Protocol):
+    """What a division is cut from: a pipeline's sources (``sensors.ingest.Sources``)."""
+
+    names: list[str]
+    """The sources, as a message names them (topics, ``delta:<path>`` tables)."""
+
+    def positions(self) -> dict[Partition, tuple[int, int]]:
+        """Per source partition, the first position it still has and the one past its last."""
+
+    def check(self, ranges: list[Range]) -> None:
+        """Refuses ranges a step cannot read (raises a :class:`~sensors.errors.SourceError`)."""
+
+
 @dataclass(frozen=True)
 class DivisionPolicy:
-    """A step holds at most ``max_records`` records; a smaller step is cut once the
-    previous one is ``max_wait`` seconds old (at once for the first step)."""
+    """A step holds at most ``max_records`` records (a Delta table's version counts as
+    one); a smaller step is cut once the previous one is ``max_wait`` seconds old (at once
+    for the first step)."""
 
     max_records: int
     max_wait: float
@@ -66,6 +82,8 @@ def next_starts(previous: list[Range], offsets: dict[Partition, tuple[int, int]]
                 f"topic {p[0]} partition {p[1]}: offsets {start}..{low} were deleted before they were read "
                 "(retention); they cannot be recovered: raise the topic's retention or cut steps more often"
             )
+        if start > high and is_table(p[0]):
+            raise went_back(p[0], start, high)
         if start > high:
             raise OffsetsLostError(
                 f"topic {p[0]} partition {p[1]}: the broker's end offset {high} is below offset {start}, where the "
@@ -76,10 +94,12 @@ def next_starts(previous: list[Range], offsets: dict[Partition, tuple[int, int]]
     return starts
 
 
-def cut_next(divisions: DivisionLog, client: KafkaClient, topics: list[str], policy: DivisionPolicy) -> Cut:
-    """Records the division of the next step if the policy says a step is due."""
+def cut_next(divisions: DivisionLog, sources: Positions, policy: DivisionPolicy) -> Cut:
+    """Records the division of the next step if the policy says a step is due (and the
+    sources can serve its ranges)."""
     step = divisions.next_step()
-    offsets = client.offsets(topics)
+    offsets = sources.positions()
+    topics = sources.names
     previous = divisions.get(step - 1) if step else []
     ranges = plan(next_starts(previous, offsets), {p: high for p, (_, high) in offsets.items()}, policy.max_records)
     records = sum(r.end - r.start for r in ranges)
@@ -96,6 +116,7 @@ def cut_next(divisions: DivisionLog, client: KafkaClient, topics: list[str], pol
             f"{records} records waiting; step {step} is cut at {policy.max_records} records or "
             f"{policy.max_wait:g} s after step {step - 1} ({policy.max_wait - waited:.0f} s from now)",
         )
+    sources.check(ranges)
     divisions.record(step, ranges)
     failpoint("sensor_after_division", step)
     return Cut(step, ranges, f"step {step}: {records} records")

@@ -1,12 +1,14 @@
-"""A step's read of Kafka: :meth:`KafkaSource.read`, the reader a caller gives
-:meth:`storage.pipeline.Pipeline.run_steps`, consumes each step's recorded ranges once on
-the executors and decodes them.  The pipeline persists what it reads (and the records that could not be decoded) to the input
-log; replays read the input log, never the broker again."""
+"""A step's read of its sources: :meth:`Sources.read`, the reader a caller gives
+:meth:`storage.pipeline.Pipeline.run_steps`, reads each step's recorded ranges once: the
+Kafka topics' (:meth:`KafkaSource.read`, consumed on the executors and decoded) and the
+Delta tables' (:class:`sensors.delta_source.DeltaTables`, their change data feed).  The
+pipeline persists what it reads (and the records that could not be decoded) to the input
+log; replays read the input log, never the broker or the tables again."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
@@ -17,6 +19,7 @@ from storage.logs import Range
 from storage.pipeline import StepInput
 
 from .decode import read_failed, read_ranges
+from .delta_source import DeltaTables, is_table
 from .kafka import KafkaClient
 
 
@@ -68,3 +71,59 @@ class KafkaSource:
             raise failed from e
         finally:
             decoded.unpersist()
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Every input of a pipeline: its Kafka topics and its Delta tables (either may be
+    None: a pipeline without such inputs).  It is what a division is cut from
+    (:class:`sensors.division.Positions`), and its :meth:`read` is the pipeline's
+    :data:`storage.pipeline.StepReader`."""
+
+    kafka: KafkaSource | None = None
+    tables: DeltaTables | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [*(self.kafka.topics.values() if self.kafka else ()), *(self.tables.sources if self.tables else ())]
+
+    def positions(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Per topic partition its low and high offsets, per table its versions (see
+        :meth:`~sensors.delta_source.DeltaTables.positions`)."""
+        topics = self.kafka.client().offsets(list(self.kafka.topics.values())) if self.kafka else {}
+        return topics | (self.tables.positions() if self.tables else {})
+
+    def check(self, ranges: list[Range]) -> None:
+        if self.tables:
+            self.tables.check(ranges)
+
+    @contextmanager
+    def read(
+        self,
+        spark: SparkSession,
+        ranges: list[Range],
+        schemas: dict[str, StructType],
+        taken: dict[tuple[str, str], int],
+    ) -> Iterator[StepInput]:
+        """The step's input from each kind of source, its ranges and handles to each."""
+        with ExitStack() as reads:
+            read = [
+                reads.enter_context(
+                    source.read(
+                        spark,
+                        [r for r in ranges if is_table(r.source) == tables],
+                        {h: s for h, s in schemas.items() if h in handles},
+                        taken,
+                    )
+                )
+                for source, handles, tables in (
+                    (self.kafka, self.kafka.topics if self.kafka else {}, False),
+                    (self.tables, self.tables.tables if self.tables else {}, True),
+                )
+                if source is not None
+            ]
+            found = [r for r in read if r.dead_letters is not None]
+            yield StepInput(
+                {h: df for r in read for h, df in r.inputs.items()},
+                *((found[0].dead_letters, found[0].taken) if found else (None, None)),
+            )

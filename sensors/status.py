@@ -8,7 +8,7 @@ from storage.logs import DivisionLog
 from storage.pipeline import Status, status
 
 from .errors import SourceError
-from .ingest import KafkaSource
+from .ingest import Sources
 
 
 @dataclass(frozen=True)
@@ -19,13 +19,14 @@ class Report:
     error: str | None
 
 
-def report(root: str, source: KafkaSource) -> Report:
-    """Where the pipeline at ``root`` stands, and how far its steps trail the topics."""
+def report(root: str, source: Sources) -> Report:
+    """Where the pipeline at ``root`` stands, and how far its steps trail its sources
+    (a Delta table's lag is in versions)."""
     position = status(root)
     divided = DivisionLog(root).get(position.divided_step - 1) if position.divided_step else []
     ended = {(r.source, r.partition): r.end for r in divided}
     try:
-        offsets = source.client().offsets(list(source.topics.values()))
+        offsets = source.positions()
     except SourceError as e:
         return Report(position, None, str(e))
     lag = {p: (high - ended.get(p, low), high) for p, (low, high) in sorted(offsets.items())}

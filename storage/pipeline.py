@@ -112,8 +112,8 @@ class StepInput:
 StepReader = Callable[
     [SparkSession, list[Range], dict[str, StructType], dict[tuple[str, str], int]], AbstractContextManager[StepInput]
 ]
-"""Where a pipeline's input records come from, passed in by the caller (the Kafka side's is
-``sensors.ingest.KafkaSource.read``), so a step's walk goes down (source, division, input
+"""Where a pipeline's input records come from, passed in by the caller (the sources' is
+``sensors.ingest.Sources.read``: Kafka topics and Delta tables), so a step's walk goes down (source, division, input
 log, step, state and output) and storage imports no source.  Called with the session, the
 step's division (its ranges), the inputs' schemas (handle: columns without the weight) and,
 per byte-ranged source, the end of what earlier steps took (to drop if sent again), it

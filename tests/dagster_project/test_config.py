@@ -177,3 +177,29 @@ def test_a_bad_gateway_setting_is_named(spark, change, named):
         parse_project(settings, "dbsp.yaml")
     for text in named:
         assert text in str(error.value)
+
+
+def _delta_project(tmp_path, sources: dict) -> dict:
+    (tmp_path / "views.sql").write_text("CREATE MATERIALIZED VIEW n AS SELECT a.k, count(*) AS c FROM a GROUP BY a.k;")
+    schemas = {h: "k INT" for h in sources}
+    return {"pipelines": [{"name": "p", "sql": "views.sql", "sources": sources, "schemas": schemas}]}
+
+
+def test_a_delta_table_source_is_its_path_made_absolute(tmp_path):
+    settings = _delta_project(tmp_path, {"a": "delta:tables/a"})
+    spec = parse_project(settings, "dbsp.yaml", base=str(tmp_path)).pipelines[0]
+    assert spec.tables == {"a": f"delta:{tmp_path}/tables/a"} and spec.topics == {}
+
+
+@pytest.mark.parametrize(
+    "source, named",
+    [
+        ("delta:", ["pipelines.0.sources", "names no table", "delta:/path/to/table"]),
+        ("delta:s3://bucket/a", ["pipelines.0.sources", "local (or mounted) file system", "mount path"]),
+        ("a topic", ["pipelines.0.sources", "neither a Kafka topic", "delta:/path/to/table"]),
+    ],
+)
+def test_a_bad_source_names_the_field_and_the_fix(tmp_path, source, named):
+    with pytest.raises(ConfigError) as raised:
+        parse_project(_delta_project(tmp_path, {"a": source}), "dbsp.yaml", base=str(tmp_path))
+    assert all(part in str(raised.value) for part in named), str(raised.value)
