@@ -3,7 +3,8 @@ integrated inputs at every step (hypothesis), at 1 and 2 workers: correlated by
 non-equalities (an aggregate over the distinct correlated outer columns joined with the
 subquery's rows, left-joined back NULL-safely), correlated under ``OR`` by an equality of
 every branch (q41), and reads of a one-row CTE or derived table (q14, q23: ``(SELECT *
-FROM cte)``), in WHERE, in a select list and in HAVING."""
+FROM cte)``) or of an aggregate grouped by columns its WHERE equates with literals (q44),
+in WHERE, in a select list and in HAVING."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ CREATE MATERIALIZED VIEW factored_or AS
 CREATE MATERIALIZED VIEW one_row_cte AS
   WITH top AS (SELECT max(x) AS m FROM b), tot AS (SELECT count(*) AS n, sum(x) AS t FROM b)
   SELECT k, sum(v) AS total FROM a GROUP BY k HAVING sum(v) > (SELECT * FROM top) OR count(*) > (SELECT n FROM tot);
+CREATE MATERIALIZED VIEW pinned_group AS
+  SELECT k, sum(v) AS total FROM a GROUP BY k
+  HAVING avg(v) > 0.5 * (SELECT avg(x) FROM b WHERE b.k = 1 AND b.d IS NULL GROUP BY b.k);
 CREATE MATERIALIZED VIEW one_row_derived AS
   SELECT k, v, (SELECT m + 1 FROM (SELECT max(x) AS m FROM b) t WHERE m > 1) AS next FROM a;
 """

@@ -82,7 +82,9 @@ class _Subqueries:
         Spark fails when ``q`` gives more than one row, so only ``q`` of at most one row is
         taken: an aggregate, or a read of a one-row table (:meth:`one_row_value`).
         Uncorrelated and without ``GROUP BY``, an aggregate has exactly one row (a global
-        aggregate), joined to every row on a constant key.  Correlated by equalities
+        aggregate), joined to every row on a constant key; grouped by columns its WHERE
+        equates with literals (:func:`_pinned_group`), at most one group, left-joined on a
+        constant key (NULL without it).  Correlated by equalities
         ``outer = inner`` only (and grouped by nothing or by the inner sides), it is the
         aggregate grouped by the inner sides, left-joined on them; a row without a group
         gets the aggregate over no rows (``count`` 0, the others NULL), as in Spark, or NULL
@@ -105,11 +107,11 @@ class _Subqueries:
                 inner = self.where(inner, inner_scope, exp.and_(*local))
             if rest:
                 return self.decorrelated(rel, subquery, inner, pairs, rest, correlate)
-            keys = [i for _, i in pairs]
+            keys = [i for _, i in pairs] or _pinned_group(query, local)
             item = _scalar_item(subquery, keys)
             values = self.scalar_values(subquery, inner, inner_scope, keys, item)
         on = [(self.resolve(o, outer), c.internal) for (o, _), c in zip(pairs, values.cols)]
-        empty = None if not pairs else "NULL" if _group_by(query) else _over_no_rows(item)
+        empty = None if not keys else "NULL" if _group_by(query) else _over_no_rows(item)
         return self.joined_value(rel, values, on, empty)
 
     def scalar_values(
@@ -298,6 +300,21 @@ def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
         for n in _outside_subqueries(e)
         if isinstance(n, exp.Subquery) and not (isinstance(n.parent, exp.In) and n.arg_key == "query")
     ]
+
+
+def _pinned_group(query: exp.Select, local: list[exp.Expression]) -> list[exp.Expression]:
+    """The uncorrelated ``query``'s GROUP BY if each of its expressions is equated with a
+    literal by a conjunct of ``local`` (``WHERE k = 4 ... GROUP BY k``, TPC-DS q44): then it
+    has at most one group, a scalar subquery Spark allows; else none."""
+    pinned = {
+        side.sql(DIALECT)
+        for c in local
+        if isinstance(c, exp.EQ)
+        for side, other in ((c.this, c.expression), (c.expression, c.this))
+        if isinstance(other, exp.Literal)
+    }
+    group = _group_by(query)
+    return group if group and all(g.sql(DIALECT) in pinned for g in group) else []
 
 
 def _one_row_read(subquery: exp.Subquery) -> bool:
