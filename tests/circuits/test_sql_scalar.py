@@ -70,7 +70,6 @@ def test_scalar_subqueries_over_no_rows(spark, circuit):
     "query, cause",
     [
         ("SELECT k, v FROM a WHERE v > (SELECT x FROM b)", "a scalar subquery that is not an aggregate"),
-        ("SELECT k, v FROM a WHERE v > (SELECT max(x) FROM b WHERE b.x > a.v)", "correlated by b.x > a.v"),
         (
             "SELECT k, v FROM a WHERE v > (SELECT max(x) FROM b WHERE b.k = a.k GROUP BY b.x)",
             "grouped by other columns than it correlates on",

@@ -11,11 +11,11 @@ from sqlglot import exp
 
 from ..aggregates import over_no_rows
 from ..errors import SqlError
-from ..parse import AGGREGATES, DIALECT
+from ..parse import AGGREGATES, DIALECT, one_row
 from ..parse import conjuncts as _conjuncts
-from .grouped import _group_by, _is_aggregate, _is_call
-from .joins import _split_equalities
-from .scope import Col, Rel, _columns, _has_subquery, _outside_subqueries, _Scope
+from .grouped import _canonical, _group_by, _is_aggregate, _is_call
+from .joins import _factored, _split_equalities
+from .scope import Col, Rel, _columns, _found, _has_subquery, _outside_subqueries, _Scope
 
 
 class _Subqueries:
@@ -79,48 +79,133 @@ class _Subqueries:
     def scalar(self, rel: Rel, subquery: exp.Subquery, correlate: _Scope | None) -> tuple[Rel, str]:
         """A scalar subquery ``(q)`` joined to ``rel``, and its value (Spark SQL).
 
-        Spark fails when ``q`` gives more than one row, so only an aggregate is taken.
-        Uncorrelated and without ``GROUP BY``, it has exactly one row (a global aggregate),
-        joined to every row on a constant key.  Correlated by equalities ``outer = inner``
-        (and grouped by nothing or by the inner sides), it is the aggregate grouped by the
-        inner sides, left-joined on them; a row without a group gets the aggregate over no
-        rows (``count`` 0, the others NULL), as in Spark, or NULL when ``q`` has a GROUP BY."""
+        Spark fails when ``q`` gives more than one row, so only ``q`` of at most one row is
+        taken: an aggregate, or a read of a one-row table (:meth:`one_row_value`).
+        Uncorrelated and without ``GROUP BY``, an aggregate has exactly one row (a global
+        aggregate), joined to every row on a constant key; grouped by columns its WHERE
+        equates with literals (:func:`_pinned_group`), at most one group, left-joined on a
+        constant key (NULL without it).  Correlated by equalities
+        ``outer = inner`` only (and grouped by nothing or by the inner sides), it is the
+        aggregate grouped by the inner sides, left-joined on them; a row without a group
+        gets the aggregate over no rows (``count`` 0, the others NULL), as in Spark, or NULL
+        when ``q`` has a GROUP BY.  Correlated by anything else, it is
+        :meth:`decorrelated`.  A WHERE's disjunctions are factored first (an equality in
+        every branch is a correlation equality, as in joins)."""
         query = subquery.this
-        _check_scalar(subquery)
         outer = correlate or _Scope([])
+        if _one_row_read(subquery):
+            return self.joined_value(rel, self.one_row_value(subquery, outer), [], "NULL")
+        _check_scalar(subquery)
         with self.common_tables(query, outer):
             inner = self.from_(query, outer)
             inner_scope = _Scope(inner.cols, outer)
             where = query.args.get("where")
-            conjuncts = _conjuncts(where.this if where else None)
+            conjuncts = _factored(_conjuncts(where.this if where else None))
             local = [c for c in conjuncts if inner_scope.is_local(c)]
             pairs, rest = _split_equalities([c for c in conjuncts if c not in local], outer, inner_scope)
-            if rest:
-                raise SqlError(
-                    f"a scalar subquery correlated by {rest[0].sql(DIALECT)[:60]} is not supported"
-                    f"{' in HAVING or beside aggregates' if correlate is None else ''}: {subquery.sql(DIALECT)[:80]}; "
-                    "correlate it by equalities outer = inner only, in WHERE or a select list without aggregates",
-                    node=rest[0],
-                )
             if local:
                 inner = self.where(inner, inner_scope, exp.and_(*local))
-            keys = [i for _, i in pairs]
+            if rest:
+                return self.decorrelated(rel, subquery, inner, pairs, rest, correlate)
+            keys = [i for _, i in pairs] or _pinned_group(query, local)
             item = _scalar_item(subquery, keys)
-            shaped = query.copy()
-            shaped.set("where", None)
-            shaped.set("group", exp.Group(expressions=[k.copy() for k in keys]) if keys else None)
-            shaped.set("expressions", [*[k.copy() for k in keys], item.copy(), exp.true()])
-            grouped, _, items = self.aggregate(shaped, inner, inner_scope)
-            values = self.project(grouped, items)
+            values = self.scalar_values(subquery, inner, inner_scope, keys, item)
         on = [(self.resolve(o, outer), c.internal) for (o, _), c in zip(pairs, values.cols)]
-        joined = self.keyed_join(rel, values, on, None, "left" if pairs else "inner")
+        empty = None if not keys else "NULL" if _group_by(query) else _over_no_rows(item)
+        return self.joined_value(rel, values, on, empty)
+
+    def scalar_values(
+        self, subquery: exp.Subquery, rel: Rel, scope: _Scope, keys: list[exp.Expression], item: exp.Expression
+    ) -> Rel:
+        """The scalar subquery's aggregate ``item`` over ``rel`` grouped by ``keys``: the
+        keys, the value and a TRUE marker (NULL beside a row that meets no group)."""
+        shaped = subquery.this.copy()
+        shaped.set("where", None)
+        shaped.set("group", exp.Group(expressions=[k.copy() for k in keys]) if keys else None)
+        shaped.set("expressions", [*[k.copy() for k in keys], item.copy(), exp.true()])
+        grouped, _, items = self.aggregate(shaped, rel, scope)
+        return self.project(grouped, items)
+
+    def joined_value(self, rel: Rel, values: Rel, on: list[tuple[str, str]], empty: str | None) -> tuple[Rel, str]:
+        """``rel`` joined with a scalar subquery's ``values`` (its value and marker last) on
+        the key pairs ``on``, and the value: ``empty`` where no row of ``values`` meets the
+        row (a left join), or an inner join where one always does (``empty`` None)."""
+        joined = self.keyed_join(rel, values, on, None, "inner" if empty is None else "left")
         # Nameless: the values are no column of the FROM (``*`` leaves them out).
         hidden = [Col(None, "", c.internal) for c in values.cols]
         value, marker = values.cols[-2].internal, values.cols[-1].internal
-        if pairs:
-            empty = "NULL" if _group_by(query) else _over_no_rows(item)
+        if empty is not None:
             value = f"CASE WHEN {marker} IS NULL THEN {empty} ELSE {value} END"
         return Rel(joined.stream, [*rel.cols, *hidden], joined.types), value
+
+    def decorrelated(
+        self,
+        rel: Rel,
+        subquery: exp.Subquery,
+        inner: Rel,
+        pairs: list[tuple[exp.Expression, exp.Expression]],
+        rest: list[exp.Expression],
+        correlate: _Scope | None,
+    ) -> tuple[Rel, str]:
+        """A scalar aggregate correlated by conjuncts ``rest`` that are no equalities
+        ``outer = inner`` (``b.x > a.v``), beside equalities ``pairs``.
+
+        Its value is a function of the outer columns it reads, so it is computed once per
+        distinct tuple of them (the *domain*, Spark's rewrite of such a subquery): the
+        ``distinct`` of ``rel``'s correlated columns, joined with the subquery's rows on
+        ``pairs`` and ``rest`` (an inner join; keyed by ``pairs``, else by a constant),
+        aggregated grouped by the domain's columns (the incremental aggregate), and
+        left-joined to ``rel`` on those columns, NULL-safely (each side's :func:`_canonical`
+        text, equal where the values are equal or both NULL).  A tuple without a row in the
+        subquery gets the aggregate over no rows, as in Spark.  Every operator is one the
+        engine maintains; a change of ``rel`` touches the domain only where a tuple appears
+        or disappears, and a change of the subquery's rows re-aggregates the tuples it meets."""
+        query = subquery.this
+        if correlate is None or _group_by(query):
+            where = " in HAVING or beside aggregates" if correlate is None else " with GROUP BY"
+            raise SqlError(
+                f"a scalar subquery correlated by {rest[0].sql(DIALECT)[:60]}{where} is not supported: "
+                f"{subquery.sql(DIALECT)[:80]}; correlate it by equalities outer = inner only, or aggregate "
+                "in a subquery in FROM and join with it there",
+                node=rest[0],
+            )
+        inner_scope = _Scope(inner.cols, correlate)
+        reads = [c for e in [*(o for o, _ in pairs), *rest] for c in _columns(e) if inner_scope.find(c) is None]
+        found = {id(c): _found(c, correlate) for c in reads}
+        keys = list({found[id(c)]: c for c in reversed(reads)}.values())[::-1]
+        domain_cols = [found[id(c)] for c in keys]
+        if any(c not in rel.cols for c in domain_cols):
+            raise SqlError(
+                f"a scalar subquery reads a column of a query further out: {subquery.sql(DIALECT)[:80]}; "
+                "correlate it with the query it is in",
+                node=subquery,
+            )
+        stream = rel.stream.select(*[c.internal for c in domain_cols]).distinct()
+        domain = Rel(stream, domain_cols, {c.internal: rel.types[c.internal] for c in domain_cols})
+        scope = _Scope(inner.cols, _Scope(domain_cols, correlate.outer))
+        on = [(self.resolve(o, scope), self.resolve(i, scope)) for o, i in pairs]
+        joined = self.keyed_join(domain, inner, on, self.resolve(exp.and_(*rest), scope), "inner")
+        item = _scalar_item(subquery, keys)
+        values = self.scalar_values(subquery, joined, scope, keys, item)
+        texts = [
+            _canonical(subquery, [(c.internal, r.types[c.internal]) for c in cols])
+            for r, cols in ((rel, domain_cols), (values, values.cols[: len(keys)]))
+        ]
+        return self.joined_value(rel, values, [tuple(texts)], _over_no_rows(item))
+
+    def one_row_value(self, subquery: exp.Subquery, outer: _Scope) -> Rel:
+        """A scalar subquery that reads one column (Spark's analysis refuses more) of a table of at most one row (a CTE or
+        derived table that is a global aggregate: ``(SELECT * FROM totals)``), compiled on
+        its own: its column and a TRUE marker, at most one row, left-joined to every row on
+        a constant key (NULL where it has no row)."""
+        values = self.alone(
+            subquery.this,
+            outer,
+            "a scalar subquery of a one-row table",
+            "(a correlation)",
+            "read its column uncorrelated, or aggregate: (SELECT max(x) FROM t WHERE t.k = outer.k)",
+        )
+        return self.project(values, [("", values.cols[0].internal), ("", "true")])
 
     def semi_join(self, rel: Rel, scope: _Scope, predicate: exp.Expression, negated: bool) -> Rel:
         """``[NOT] EXISTS (q)`` and ``x [NOT] IN (q)`` as a semi (anti) join of ``rel`` with
@@ -215,6 +300,42 @@ def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
         for n in _outside_subqueries(e)
         if isinstance(n, exp.Subquery) and not (isinstance(n.parent, exp.In) and n.arg_key == "query")
     ]
+
+
+def _pinned_group(query: exp.Select, local: list[exp.Expression]) -> list[exp.Expression]:
+    """The uncorrelated ``query``'s GROUP BY if each of its expressions is equated with a
+    literal by a conjunct of ``local`` (``WHERE k = 4 ... GROUP BY k``, TPC-DS q44): then it
+    has at most one group, a scalar subquery Spark allows; else none."""
+    pinned = {
+        side.sql(DIALECT)
+        for c in local
+        if isinstance(c, exp.EQ)
+        for side, other in ((c.this, c.expression), (c.expression, c.this))
+        if isinstance(other, exp.Literal)
+    }
+    group = _group_by(query)
+    return group if group and all(g.sql(DIALECT) in pinned for g in group) else []
+
+
+def _one_row_read(subquery: exp.Subquery) -> bool:
+    """``subquery`` reads a table of at most one row (:func:`one_row`), without joins,
+    grouping or aggregates: a CTE of an enclosing query, or a derived table."""
+    query = subquery.this
+    if not isinstance(query, exp.Select) or query.args.get("joins") or _is_aggregate(query):
+        return False
+    source = query.args["from_"].this if query.args.get("from_") else None
+    if isinstance(source, exp.Subquery):
+        return one_row(source.this)
+    if not isinstance(source, exp.Table) or source.db:
+        return False
+    node = subquery
+    while node is not None:
+        with_ = node.args.get("with_")
+        for cte in with_.expressions if with_ else []:
+            if cte.alias_or_name.lower() == source.name.lower():
+                return one_row(cte.this)
+        node = node.parent
+    return False
 
 
 def _shape(query: exp.Expression) -> str | None:
