@@ -8,11 +8,8 @@ in WHERE, in a select list and in HAVING."""
 
 from __future__ import annotations
 
-import pytest
+from circuits.sql import parse_views
 
-from circuits.sql import SqlError, compile_sql, parse_views
-
-from .harness import SQL_SCHEMAS as SCHEMAS
 from .harness import equal_to_spark_batch_sql, run_and_compare, spark_batch, sql_views
 
 VIEWS = """
@@ -56,28 +53,3 @@ def test_decorrelated_scalar_subqueries_over_fixed_steps(spark, circuit):
         return {name: ("integral", z) for name, z in batch.items()}
 
     run_and_compare(spark, circuit, steps, 2, expected)
-
-
-@pytest.mark.parametrize(
-    "query, cause",
-    [
-        (
-            "SELECT k FROM a WHERE v > (SELECT max(x) FROM b WHERE b.x > a.v GROUP BY b.k)",
-            "correlated by b.x > a.v with GROUP BY",
-        ),
-        (
-            "SELECT k FROM a GROUP BY k HAVING count(*) > (SELECT count(*) FROM b WHERE b.x > a.k)",
-            "in HAVING or beside aggregates",
-        ),
-        (
-            "SELECT k FROM a WHERE v > (SELECT m FROM (SELECT max(x) AS m FROM b WHERE b.k = a.k) t)",
-            "a scalar subquery of a one-row table reads a.k of an enclosing query",
-        ),
-    ],
-)
-def test_scalar_subqueries_not_decorrelated_are_refused(spark, query, cause):
-    text = f"CREATE MATERIALIZED VIEW fine AS SELECT k FROM a;\n\nCREATE MATERIALIZED VIEW bad AS\n  {query};"
-    with pytest.raises(SqlError) as raised:
-        compile_sql(text, SCHEMAS, spark, file="views.sql")
-    message = str(raised.value)
-    assert message.startswith("views.sql:4, view 'bad': ") and cause in message, message

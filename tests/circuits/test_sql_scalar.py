@@ -78,9 +78,21 @@ def test_scalar_subqueries_over_no_rows(spark, circuit):
             "SELECT k FROM a GROUP BY k HAVING count(*) > (SELECT count(*) FROM b WHERE b.k = a.k)",
             "in HAVING or beside aggregates",
         ),
+        (
+            "SELECT k FROM a WHERE v > (SELECT max(x) FROM b WHERE b.x > a.v GROUP BY b.k)",
+            "correlated by b.x > a.v with GROUP BY",
+        ),
+        (
+            "SELECT k FROM a GROUP BY k HAVING count(*) > (SELECT count(*) FROM b WHERE b.x > a.k)",
+            "in HAVING or beside aggregates",
+        ),
+        (
+            "SELECT k FROM a WHERE v > (SELECT m FROM (SELECT max(x) AS m FROM b WHERE b.k = a.k) t)",
+            "a scalar subquery of a one-row table reads a.k of an enclosing query",
+        ),
     ],
 )
-def test_scalar_subqueries_that_may_give_several_rows_are_refused(spark, query, cause):
+def test_scalar_subqueries_that_may_give_several_rows_or_are_not_decorrelated_are_refused(spark, query, cause):
     text = f"CREATE MATERIALIZED VIEW fine AS SELECT k FROM a;\n\nCREATE MATERIALIZED VIEW bad AS\n  {query};"
     with pytest.raises(SqlError) as raised:
         compile_sql(text, SCHEMAS, spark, file="views.sql")
