@@ -27,7 +27,12 @@ def range_headers(start: int, end: int, partial: bool) -> list[tuple[str, bytes]
 
 def gateway_range(message: Message) -> tuple[int, int, bool] | None:
     """``(start, end, partial)`` of a gateway message, or None for a message that is one record."""
-    headers = dict(message.headers() or ())
+    return framed_range(message.headers())
+
+
+def framed_range(headers: list[tuple[str, bytes]] | None) -> tuple[int, int, bool] | None:
+    """:func:`gateway_range` of a message's ``headers`` (key, value pairs)."""
+    headers = dict(headers or ())
     if RANGE_HEADER not in headers:
         return None
     start, _, end = headers[RANGE_HEADER].decode().partition("-")

@@ -8,6 +8,10 @@ Two sets, each at versions pinned to match each other and the installed PySpark:
 - :data:`KAFKA`, the embedded Apache Kafka broker with a Log4j 2 backend (its POM brings
   none).
 
+Beside them, :func:`decoder_jar` compiles the engine's own JVM code (``circuits/java``: the
+Kafka records' decoder, :mod:`sensors.decode`) with the JDK's ``javac`` against the PySpark
+wheel's JARs, once per source and Spark version, into the same cache.
+
 :func:`jars` returns a set's JAR files.  The first call on a machine runs Maven
 (``mvn dependency:copy-dependencies`` on a small POM; Maven keeps the artifacts in its own
 ``~/.m2``) and copies the set into the cache (``$DBSP_JARS_CACHE``, by default
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
@@ -42,6 +47,7 @@ DELTA_VERSION = importlib.metadata.version("delta-spark")
 KAFKA_VERSION = "4.4.0"
 LOG4J_VERSION = "2.25.4"
 
+JAVA_SOURCES = os.path.join(os.path.dirname(__file__), "java")
 CACHE_ENV = "DBSP_JARS_CACHE"
 DIR_ENV = "DBSP_JARS_DIR"
 REPOSITORY_ENV = "DBSP_MAVEN_REPOSITORY"
@@ -65,12 +71,16 @@ class JarSet:
         return f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def _pyspark_jars() -> set[str]:
+def _pyspark_origin() -> str:
     import importlib.util
 
     spec = importlib.util.find_spec("pyspark")
     assert spec is not None and spec.origin is not None
-    return {artifact_name(p) for p in glob.glob(os.path.join(os.path.dirname(spec.origin), "jars", "*.jar"))}
+    return spec.origin
+
+
+def _pyspark_jars() -> set[str]:
+    return {artifact_name(p) for p in glob.glob(os.path.join(os.path.dirname(_pyspark_origin()), "jars", "*.jar"))}
 
 
 _SPARK_MINOR = ".".join(SPARK_VERSION.split(".")[:2])
@@ -124,6 +134,48 @@ def jars(jar_set: JarSet, progress: Callable[[str], None] = _stderr) -> list[str
 
 def cache_dir() -> str:
     return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "dbsp", "jars")
+
+
+def decoder_jar(progress: Callable[[str], None] = _stderr) -> str:
+    """The JAR of the engine's Java classes (``circuits/java``), compiled on first use."""
+    sources = sorted(glob.glob(os.path.join(JAVA_SOURCES, "**", "*.java"), recursive=True))
+    digest = hashlib.sha256(SPARK_VERSION.encode())
+    for path in sources:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    path = os.path.join(cache_dir(), f"decoder-{digest.hexdigest()[:12]}", "dbsp-decoder.jar")
+    if not os.path.exists(path):
+        os.makedirs(cache_dir(), exist_ok=True)
+        with locked(os.path.dirname(path) + ".lock"):
+            if not os.path.exists(path):
+                _compile(sources, path, progress)
+    return path
+
+
+def _compile(sources: list[str], path: str, progress: Callable[[str], None]) -> None:
+    javac = shutil.which("javac")
+    if javac is None:
+        raise JarResolutionError(
+            "the engine compiles its Kafka record decoder (circuits/java) with javac, which is not on PATH: "
+            "install a Java 17 JDK (apt-get install openjdk-17-jdk-headless)"
+        )
+    progress(f"compiling the engine's record decoder (once; cached in {os.path.dirname(path)})")
+    spark_jars = os.path.join(os.path.dirname(_pyspark_origin()), "jars", "*")
+    work = tempfile.mkdtemp(prefix=".decoder-", dir=cache_dir())
+    try:
+        command = [javac, "--release", "17", "-nowarn", "-cp", spark_jars, "-d", work, *sources]
+        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise JarResolutionError(f"javac failed on the engine's Java sources: {done.stderr.strip()[-2000:]}")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = path + ".partial"
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
+            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+            for found in glob.glob(os.path.join(work, "**", "*.class"), recursive=True):
+                jar.write(found, os.path.relpath(found, work))
+        os.rename(partial, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _given(jar_set: JarSet, root: str) -> list[str]:
@@ -214,7 +266,7 @@ def copy_to(root: str, progress: Callable[[str], None] = _stderr) -> list[str]:
     for jar_set in (SPARK, KAFKA):
         folder = os.path.join(root, jar_set.name)
         os.makedirs(folder, exist_ok=True)
-        for path in jars(jar_set, progress):
+        for path in jars(jar_set, progress) + ([decoder_jar(progress)] if jar_set is SPARK else []):
             shutil.copy2(path, folder)
         written.append(folder)
     return written

@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 
 from .daemon import HOST, Daemon, listening
 from .errors import SparkUnavailableError
-from .jvm import SPARK, jars
+from .jvm import SPARK, decoder_jar, jars
 from .zset import add
 
 ENGINE_CONF = {
@@ -104,8 +104,9 @@ tables by name."""
 
 def application_conf() -> dict[str, str]:
     """The Spark application's settings: :data:`SERVER_CONF`, Delta's, and the JARs of
-    :data:`circuits.jvm.SPARK` (Delta's and Spark's Kafka connectors, resolved on first use)."""
-    return {**SERVER_CONF, **DELTA_CONF, "spark.jars": ",".join(jars(SPARK))}
+    :data:`circuits.jvm.SPARK` (Delta's and Spark's Kafka connectors, resolved on first use)
+    and the engine's own (:func:`circuits.jvm.decoder_jar`)."""
+    return {**SERVER_CONF, **DELTA_CONF, "spark.jars": ",".join([*jars(SPARK), decoder_jar()])}
 
 
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

@@ -32,6 +32,7 @@ retraction, and a dead letter like an undecodable one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from decimal import Decimal
 from functools import cache, partial
 
 import pyarrow as pa
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, TopicPartition
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -47,7 +48,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from circuits.ddl import parse_type
 from circuits.errors import raised_on_executor
-from circuits.framing import consumer_config, gateway_range
+from circuits.framing import RANGE_HEADER, consumer_config, framed_range
 from circuits.klogs import RECORD_SCHEMA
 from circuits.spark import map_in_arrow
 from circuits.zset import WEIGHT, parse_schema
@@ -63,6 +64,10 @@ the ranges of a small step share a task (a Python task costs more than its read)
 
 MAX_BATCH = 10_000
 """Most records asked of the consumer at once."""
+
+LARGE_READ = 100_000
+"""Most offsets a step reads with the engine's consumers; a larger read goes through Spark's
+Kafka source and the JVM decoder, which start slower and read faster (``bench/broker_io.py``)."""
 
 # One row per consumed record: ``weight`` when the value is valid, else ``reason``.
 _RAW_SCHEMA = T.StructType(
@@ -192,14 +197,20 @@ def _row(
 
 
 def _records(
-    topic: str, partition: int, message: Message, fields: Fields, seen: dict[tuple[str, str], int]
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes]] | None,
+    fields: Fields,
+    seen: dict[tuple[str, str], int],
 ) -> Iterator[dict]:
     """The rows of one message: itself, or the records of a gateway message's bytes."""
-    key = message.key()
     key = None if key is None else key.decode("utf-8", errors="backslashreplace")
-    framed = gateway_range(message)
+    framed = framed_range(headers)
     if framed is None:
-        yield _row(topic, partition, message.offset(), key, message.value(), fields)
+        yield _row(topic, partition, offset, key, value, fields)
         return
     start, end, partial = framed
     # Bytes below ``read`` were taken from an earlier message of this source (see the
@@ -212,9 +223,9 @@ def _records(
         yield {
             "topic": topic,
             "partition": partition,
-            "offset": message.offset(),
+            "offset": offset,
             "key": key,
-            "value": message.value().decode("utf-8", errors="backslashreplace"),
+            "value": value.decode("utf-8", errors="backslashreplace"),
             "weight": None,
             "reason": f"source {key!r} bytes {start}-{end}: part of a record longer than the gateway's buffers; "
             "raise gateway.buffer_size above the longest record",
@@ -222,10 +233,10 @@ def _records(
         }
         return
     position = start
-    for line in (message.value() or b"").split(b"\n"):
+    for line in (value or b"").split(b"\n"):
         if line.strip() and position >= read:
             where = f"source {key!r} bytes {position}-{position + len(line)}: "
-            yield _row(topic, partition, message.offset(), key, line, fields, where) | {"position": position}
+            yield _row(topic, partition, offset, key, line, fields, where) | {"position": position}
         position += len(line) + 1
 
 
@@ -255,7 +266,10 @@ def _read_range(
         for message in consumer.consume(min(end - position, MAX_BATCH), timeout):
             if message.error() is None and position <= message.offset() < end:
                 kind, timestamp = message.timestamp()
-                for row in _records(topic, partition, message, fields, seen):
+                records = _records(
+                    topic, partition, message.offset(), message.key(), message.value(), message.headers(), fields, seen
+                )
+                for row in records:
                     yield {**row, "timestamp": None if kind == TIMESTAMP_NOT_AVAILABLE else timestamp}
                 position = message.offset() + 1
         # Transaction markers take offsets but are never delivered; the consumer's position skips them.
@@ -336,8 +350,7 @@ def _read_tasks(
             finally:
                 consumer.close()
             yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
-    ends = [{"topic": t, "key": k, "taken": end} for (t, k), end in seen.items() if taken.get((t, k)) != end]
-    yield pa.RecordBatch.from_pylist(ends, schema=_RAW_ARROW)
+    yield _taken_rows(seen, taken)
 
 
 def read_failed(error: BaseException) -> SourceError | None:
@@ -367,19 +380,22 @@ def _chunks(ranges: list[Range], size: int) -> list[tuple[str, int, int, int]]:
 class Decoded:
     """One read of offset ranges, planned but not run: each topic's valid records as a
     Z-set and the invalid ones as dead letters.  They derive from one cached read of the
-    broker, which the first Spark job over them makes; that job fails, with an error
-    :func:`read_failed` recognizes, when the broker did not deliver every offset."""
+    broker, which the first Spark job over them makes; that job fails when the broker did
+    not deliver every offset, and :meth:`failed` names why."""
 
     inputs: dict[str, DataFrame]
     dead_letters: DataFrame
     taken: DataFrame
     """Per gateway source (``topic``, ``source``): the ``end`` of its bytes taken so far
     (:data:`storage.logs.TAKEN_SCHEMA`; a source may have several rows: the largest counts)."""
-    raw: DataFrame = field(repr=False)
+    cached: tuple[DataFrame, ...] = field(repr=False)
+    failed: Callable[[BaseException], SourceError | None] = field(repr=False, default=read_failed)
+    """The read's error behind a failed job over the frames above, or None for another failure."""
 
     def unpersist(self) -> None:
         """Frees the cached records; the DataFrames above must not be used after."""
-        self.raw.unpersist()
+        for frame in self.cached:
+            frame.unpersist()
 
 
 def _zset(raw: DataFrame, topic: str, schema: T.StructType) -> DataFrame:
@@ -391,6 +407,17 @@ def _zset(raw: DataFrame, topic: str, schema: T.StructType) -> DataFrame:
     return valid.select(parsed, F.col("weight").alias(WEIGHT)).select("row.*", WEIGHT)
 
 
+def _decoded(records: DataFrame, raw: DataFrame, schemas: dict[str, T.StructType | str]) -> dict:
+    """The fields of :class:`Decoded` over ``records`` (the rows of ``raw`` that count)."""
+    return {
+        "inputs": {topic: _zset(records, topic, parse_schema(schema)) for topic, schema in schemas.items()},
+        "dead_letters": records.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_SCHEMA.names),
+        "taken": raw.where(F.col("taken").isNotNull()).select(
+            "topic", F.col("key").alias("source"), F.col("taken").alias("end")
+        ),
+    }
+
+
 def read_ranges(
     spark: SparkSession,
     bootstrap_servers: str,
@@ -400,6 +427,7 @@ def read_ranges(
     timeout: float = 30.0,
     chunk_size: int = CHUNK,
     taken: dict[tuple[str, str], int] | None = None,
+    large: int | None = None,
 ) -> Decoded:
     """Plans consuming exactly ``ranges`` on the executors, once, and decoding each topic's
     records with its schema in ``schemas`` (topic: columns without the weight).  No Spark
@@ -407,31 +435,218 @@ def read_ranges(
     source ``(topic, source id)``, the end of its bytes that earlier steps took (dropped
     when sent again).
 
+    A read of more than ``large`` (:data:`LARGE_READ`) offsets, with no client config of the user's, goes
+    through Spark's Kafka source and the JVM decoder (:func:`_read_large`); any other, through
+    the engine's consumers in Python tasks.  Both give the same rows.
+
     A job over the result fails when the broker delivers nothing new of a range for
     ``timeout`` seconds (a limit on no progress: a large range takes as long as it needs):
-    see :func:`read_failed`.
+    see :attr:`Decoded.failed`.
     """
     fields = {topic: fields_of(schema) for topic, schema in schemas.items()}
     unknown = sorted({r.source for r in ranges} - set(fields))
     if unknown:
         raise SourceError(f"no schema for topic(s) {', '.join(map(repr, unknown))}: declare one in the schemas")
     _check_config(bootstrap_servers, client_config)
+    taken = taken or {}
+    if not client_config and sum(r.end - r.start for r in ranges) > (LARGE_READ if large is None else large):
+        return _read_large(spark, bootstrap_servers, ranges, schemas, fields, timeout, taken)
     chunks = _chunks(ranges, chunk_size)
     # Partitions of consecutive chunk numbers, of about ``chunk_size`` offsets each.
     offsets = sum(end - start for _, _, start, end in chunks)
     partitions = max(min(len(chunks), -(-offsets // chunk_size)), 1)
     tasks = spark.range(0, len(chunks), 1, partitions)
-    reader = partial(_read_tasks, bootstrap_servers, client_config, fields, timeout, chunks, taken or {})
+    reader = partial(_read_tasks, bootstrap_servers, client_config, fields, timeout, chunks, taken)
     # Cached: every frame below reads the broker's records once, in the first job over them.
     raw = map_in_arrow(tasks, reader, _RAW_SCHEMA, ["id"]).persist()
     records = _first_copies(raw, partitions) if _split(chunks) else raw
+    return Decoded(**_decoded(records, raw, schemas), cached=(raw,))
+
+
+_FETCH_BYTES = str(32 << 20)
+"""The Kafka source's fetch sizes (partition and request): a large read's time at the
+consumer's default of 1 MB a partition was twice its time at 32 MB (``bench/RESULTS.md``)."""
+
+_KAFKA_FAILURES = ("KAFKA_DATA_LOSS", "org.apache.kafka.common.errors", "KafkaDataConsumer", "Cannot fetch")
+"""What a job failed by Spark's Kafka source says (Spark's error class, the client's exceptions)."""
+
+
+def _read_large(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    ranges: list[Range],
+    schemas: dict[str, T.StructType | str],
+    fields: dict[str, Fields],
+    timeout: float,
+    taken: dict[tuple[str, str], int],
+) -> Decoded:
+    """:func:`read_ranges` through Spark's Kafka source (``assign``, each range's offsets,
+    ``read_committed``, ``failOnDataLoss``; a Spark partition per topic partition, in offset
+    order) and ``dbsp.RecordDecoder`` (``circuits/java``), which decodes a record of a
+    topic of plain columns in the JVM or leaves it to the Python decoder: gateway messages,
+    keyed logs, records of other column types and every record it cannot vouch for go to
+    :func:`_decode_tasks`, whose rows are the engine reader's."""
+    read = [r for r in ranges if r.end > r.start]
+    by_topic: dict[str, list[Range]] = {}
+    for r in read:
+        by_topic.setdefault(r.source, []).append(r)
+    records = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("assign", json.dumps({t: [r.partition for r in rs] for t, rs in by_topic.items()}))
+        .option(
+            "startingOffsets", json.dumps({t: {str(r.partition): r.start for r in rs} for t, rs in by_topic.items()})
+        )
+        .option("endingOffsets", json.dumps({t: {str(r.partition): r.end for r in rs} for t, rs in by_topic.items()}))
+        .option("failOnDataLoss", "true")
+        .option("includeHeaders", "true")
+        .option("kafka.isolation.level", "read_committed")
+        .option("kafkaConsumer.pollTimeoutMs", str(int(timeout * 1000)))
+        # The driver asks the broker for the ranges' offsets first (an admin client, which
+        # waits a minute a try by default, three tries): a broker that does not answer fails
+        # the read after ``timeout``, as the engine's consumers do.
+        .option("kafka.default.api.timeout.ms", str(int(timeout * 1000)))
+        .option("kafka.request.timeout.ms", str(int(timeout * 1000)))
+        .option("fetchOffset.numRetries", "1")
+        .option("kafka.max.partition.fetch.bytes", _FETCH_BYTES)
+        .option("kafka.fetch.max.bytes", _FETCH_BYTES)
+        .load()
+    )
+    # A record without headers has null ones.
+    framed = F.coalesce(F.exists("headers", lambda h: h["key"] == RANGE_HEADER), F.lit(False))
+    decoders = {
+        topic: _decoder(spark, parse_schema(schemas[topic]))
+        for topic in by_topic
+        if fields[topic] != KEYED and any(plain(parse_type(kind)) for _, kind in fields[topic])
+    }
+    topics = list(decoders)
+    rows = [
+        F.when((F.col("topic") == topic) & ~framed, F.call_function(name, "value", F.lit(text))).alias(f"_row{i}")
+        for i, (topic, (name, text)) in enumerate(decoders.items())
+    ]
+    undecoded = F.lit(True)
+    for i in range(len(rows)):
+        undecoded = undecoded & F.col(f"_row{i}").isNull()
+    decoded = records.select(
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "headers",
+        F.when(F.col("timestampType") >= 0, F.unix_millis("timestamp")).alias("timestamp"),
+        *rows,
+        "value",
+    )
+    # The records the JVM decoded keep their row alone; the rest keep their bytes for Python.
+    decoded = decoded.withColumn("value", F.when(undecoded, F.col("value")))
+    failed = partial(_large_read_failed, bootstrap_servers, read, timeout)
+    try:
+        # Caching plans the read, and the planning asks the broker for the ranges' offsets.
+        decoded = decoded.persist()
+    except Exception as error:
+        raise failed(error) or error from error
+    python = (
+        map_in_arrow(
+            decoded.where(undecoded).select(*_LEFT_SCHEMA.names),
+            partial(_decode_tasks, fields, taken),
+            _RAW_SCHEMA,
+            _LEFT_SCHEMA.names,
+        )
+    ).persist()
+    result = _decoded(python, python, schemas)
+    for i, topic in enumerate(topics):
+        jvm = decoded.where(F.col(f"_row{i}").isNotNull()).select(f"_row{i}.*")
+        result["inputs"][topic] = jvm.unionByName(result["inputs"][topic])
     return Decoded(
-        inputs={topic: _zset(records, topic, parse_schema(schema)) for topic, schema in schemas.items()},
-        dead_letters=records.where(F.col("reason").isNotNull()).select(*DEAD_LETTER_SCHEMA.names),
-        taken=raw.where(F.col("taken").isNotNull()).select(
-            "topic", F.col("key").alias("source"), F.col("taken").alias("end")
+        **result,
+        cached=(decoded, python),
+        failed=failed,
+    )
+
+
+_LEFT_SCHEMA = T.StructType(
+    [
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("key", T.BinaryType()),
+        T.StructField("value", T.BinaryType()),
+        T.StructField(
+            "headers",
+            T.ArrayType(T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])),
         ),
-        raw=raw,
+        T.StructField("timestamp", T.LongType()),
+    ]
+)
+"""The records :func:`_read_large` hands to Python, as Spark's Kafka source gives them."""
+
+
+def _decoder(spark: SparkSession, schema: T.StructType) -> tuple[str, str]:
+    """The name of ``dbsp.RecordDecoder`` registered in ``spark`` for ``schema``'s rows,
+    and the schema as its second argument."""
+    text = schema.json()
+    name = f"dbsp_decode_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    returns = T.StructType([*schema.fields, T.StructField(WEIGHT, T.LongType())])
+    try:
+        spark.udf.registerJavaFunction(name, "dbsp.RecordDecoder", returns)
+    except Exception as error:
+        if "ClassNotFound" not in str(error) and "CANNOT_LOAD_FUNCTION_CLASS" not in str(error):
+            raise
+        raise SourceError(
+            "the Spark server has no dbsp.RecordDecoder class: it was started without the engine's "
+            "decoder JAR (circuits.jvm.decoder_jar); restart it (`dbsp stop` for the embedded one), or add "
+            "the JAR `dbsp jars --copy-to DIR` writes to a cluster's spark.jars"
+        ) from error
+    return name, text
+
+
+def _decode_tasks(
+    fields: dict[str, Fields], taken: dict[tuple[str, str], int], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` body of :func:`_read_large`'s Python decoder: the rows of each
+    record, as the engine's reader gives them, then a row per gateway source it took bytes
+    of (see :func:`_read_tasks`).  A task holds one topic partition, in offset order."""
+    seen = dict(taken)
+    for batch in batches:
+        rows = []
+        for r in batch.to_pylist():
+            headers = [(h["key"], h["value"]) for h in r["headers"] or ()]
+            records = _records(
+                r["topic"], r["partition"], r["offset"], r["key"], r["value"], headers, fields[r["topic"]], seen
+            )
+            rows.extend(row | {"timestamp": r["timestamp"]} for row in records)
+        yield pa.RecordBatch.from_pylist(rows, schema=_RAW_ARROW)
+    yield _taken_rows(seen, taken)
+
+
+def _taken_rows(seen: dict[tuple[str, str], int], taken: dict[tuple[str, str], int]) -> pa.RecordBatch:
+    ends = [{"topic": t, "key": k, "taken": end} for (t, k), end in seen.items() if taken.get((t, k)) != end]
+    return pa.RecordBatch.from_pylist(ends, schema=_RAW_ARROW)
+
+
+def _large_read_failed(
+    bootstrap_servers: str, ranges: list[Range], timeout: float, error: BaseException
+) -> SourceError | None:
+    """The error behind a job failed by Spark's Kafka source, found as the engine's reader
+    finds it: by what the broker says of each range's partition now."""
+    text = str(error)
+    if not any(mark in text for mark in _KAFKA_FAILURES):
+        return None
+    settings = consumer_config(bootstrap_servers)
+    for r in ranges:
+        watermarks = _watermarks(settings, r.source, r.partition, timeout)
+        if isinstance(watermarks, str) or watermarks[0] > r.start:
+            return undelivered((r.source, r.partition, r.start, r.end), r.start, watermarks, timeout, bootstrap_servers)
+        if watermarks[1] < r.end:
+            # The offsets up to the broker's end were there to read: the rest are missing.
+            position = max(r.start, watermarks[1])
+            return undelivered(
+                (r.source, r.partition, r.start, r.end), position, watermarks, timeout, bootstrap_servers
+            )
+    seen = next((line.strip() for line in text.splitlines() if any(m in line for m in _KAFKA_FAILURES)), text)
+    return BrokerStalledError(
+        f"the broker at {bootstrap_servers!r} holds every offset of the step's ranges, but Spark's Kafka source "
+        f"failed to read them: {seen[:500]}; check the broker's log"
     )
 
 

@@ -18,7 +18,7 @@ from storage.errors import StorageError
 from storage.logs import Range
 from storage.pipeline import StepInput
 
-from .decode import read_failed, read_ranges
+from .decode import read_ranges
 from .delta_source import DeltaTables, is_table
 from .kafka import KafkaClient
 
@@ -65,7 +65,7 @@ class KafkaSource:
             )
         except StorageError as e:
             # The job failed before anything was committed: the step stays unpersisted.
-            failed = read_failed(e)
+            failed = decoded.failed(e)
             if failed is None:
                 raise
             raise failed from e

@@ -1,0 +1,186 @@
+package dbsp;
+
+import com.fasterxml.jackson.core.JsonFactory;
+import com.fasterxml.jackson.core.JsonParser;
+import com.fasterxml.jackson.core.JsonToken;
+import java.io.IOException;
+import java.util.concurrent.ConcurrentHashMap;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.api.java.UDF2;
+import org.apache.spark.sql.types.BooleanType;
+import org.apache.spark.sql.types.ByteType;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DoubleType;
+import org.apache.spark.sql.types.FloatType;
+import org.apache.spark.sql.types.IntegerType;
+import org.apache.spark.sql.types.LongType;
+import org.apache.spark.sql.types.ShortType;
+import org.apache.spark.sql.types.StringType;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * A Kafka record's value decoded on the executor, in one pass of Jackson's streaming parser:
+ * the row of the topic's columns followed by its weight, or null when the decoder cannot
+ * vouch for the record.
+ *
+ * <p>The rules are those of the engine's Python decoder ({@code sensors/decode.py} and
+ * {@code sensors/values.py}), which stays their definition: this class returns a row only
+ * for a value that decoder accepts, with the values Spark's {@code from_json} gives for it,
+ * and null for everything else (a malformed value, a duplicate key, trailing text, a column
+ * of a type other than an integer, a floating-point number, a string or a boolean that is
+ * not null, a weight other than a nonzero bigint).  The engine hands the null rows to the
+ * Python decoder, which accepts them or writes the dead letter with its reason.  So a row
+ * comes out the same whichever decoder took it, and the common case, a valid record of
+ * plain columns, never leaves the JVM.
+ *
+ * <p>Called as {@code decoder(value, schema)}, {@code schema} being the topic's columns as
+ * Spark's JSON form of a {@code StructType}; registered with the return type of those
+ * columns followed by {@code _weight bigint}.
+ */
+public final class RecordDecoder implements UDF2<byte[], String, Row> {
+    private static final long serialVersionUID = 1L;
+    private static final String WEIGHT = "_weight";
+    // Jackson's defaults are strict JSON: no comments, single quotes, NaN, leading zeros or
+    // trailing commas, which the Python decoder refuses too.
+    private static final JsonFactory JSON = new JsonFactory();
+    private static final ConcurrentHashMap<String, Column[]> SCHEMAS = new ConcurrentHashMap<>();
+
+    private enum Kind { LONG, INT, SHORT, BYTE, DOUBLE, FLOAT, STRING, BOOLEAN, OTHER }
+
+    private record Column(String name, Kind kind) {}
+
+    @Override
+    public Row call(byte[] value, String schema) {
+        if (value == null) {
+            return null;
+        }
+        try {
+            return decode(value, SCHEMAS.computeIfAbsent(schema, RecordDecoder::columns));
+        } catch (IOException e) {
+            // Malformed JSON, invalid UTF-8, a number out of Jackson's limits: the Python
+            // decoder names the reason.
+            return null;
+        }
+    }
+
+    private static Column[] columns(String schema) {
+        StructField[] fields = ((StructType) DataType.fromJson(schema)).fields();
+        Column[] columns = new Column[fields.length];
+        for (int i = 0; i < fields.length; i++) {
+            columns[i] = new Column(fields[i].name(), kind(fields[i].dataType()));
+        }
+        return columns;
+    }
+
+    private static Kind kind(DataType type) {
+        if (type instanceof LongType) return Kind.LONG;
+        if (type instanceof IntegerType) return Kind.INT;
+        if (type instanceof ShortType) return Kind.SHORT;
+        if (type instanceof ByteType) return Kind.BYTE;
+        if (type instanceof DoubleType) return Kind.DOUBLE;
+        if (type instanceof FloatType) return Kind.FLOAT;
+        if (type instanceof StringType) return Kind.STRING;
+        if (type instanceof BooleanType) return Kind.BOOLEAN;
+        return Kind.OTHER;
+    }
+
+    private static Row decode(byte[] value, Column[] columns) throws IOException {
+        Object[] row = new Object[columns.length + 1];
+        boolean[] seen = new boolean[columns.length];
+        Long weight = null;
+        try (JsonParser parser = JSON.createParser(value)) {
+            if (parser.nextToken() != JsonToken.START_OBJECT) {
+                return null;
+            }
+            while (parser.nextToken() == JsonToken.FIELD_NAME) {
+                String name = parser.currentName();
+                JsonToken token = parser.nextToken();
+                if (WEIGHT.equals(name)) {
+                    // Python keeps a duplicate key's last value: a duplicate is left to it.
+                    if (weight != null || !isLong(parser, token) || parser.getLongValue() == 0) {
+                        return null;
+                    }
+                    weight = parser.getLongValue();
+                    continue;
+                }
+                int i = indexOf(columns, name);
+                if (i < 0) {
+                    parser.skipChildren();
+                    continue;
+                }
+                if (seen[i]) {
+                    return null;
+                }
+                seen[i] = true;
+                if (token != JsonToken.VALUE_NULL) {
+                    row[i] = value(parser, token, columns[i].kind());
+                    if (row[i] == null) {
+                        return null;
+                    }
+                }
+            }
+            // After the object's end only whitespace may follow, as json.loads requires.
+            if (parser.nextToken() != null) {
+                return null;
+            }
+        }
+        for (boolean present : seen) {
+            if (!present) {
+                return null;
+            }
+        }
+        row[columns.length] = weight == null ? 1L : weight;
+        return RowFactory.create(row);
+    }
+
+    private static int indexOf(Column[] columns, String name) {
+        for (int i = 0; i < columns.length; i++) {
+            if (columns[i].name().equals(name)) {
+                return i;
+            }
+        }
+        return -1;
+    }
+
+    private static boolean isLong(JsonParser parser, JsonToken token) throws IOException {
+        return token == JsonToken.VALUE_NUMBER_INT && parser.getNumberType() != JsonParser.NumberType.BIG_INTEGER;
+    }
+
+    /** The column's value of a non-null token, or null when the Python decoder must judge it. */
+    private static Object value(JsonParser parser, JsonToken token, Kind kind) throws IOException {
+        switch (kind) {
+            case LONG:
+                return isLong(parser, token) ? parser.getLongValue() : null;
+            case INT:
+                return isLong(parser, token) && inRange(parser.getLongValue(), Integer.MIN_VALUE, Integer.MAX_VALUE)
+                        ? (Object) (int) parser.getLongValue() : null;
+            case SHORT:
+                return isLong(parser, token) && inRange(parser.getLongValue(), Short.MIN_VALUE, Short.MAX_VALUE)
+                        ? (Object) (short) parser.getLongValue() : null;
+            case BYTE:
+                return isLong(parser, token) && inRange(parser.getLongValue(), Byte.MIN_VALUE, Byte.MAX_VALUE)
+                        ? (Object) (byte) parser.getLongValue() : null;
+            case DOUBLE:
+                // Spark's from_json reads either kind of number with the same calls.
+                return isNumber(parser, token) ? (Object) parser.getDoubleValue() : null;
+            case FLOAT:
+                return isNumber(parser, token) ? (Object) parser.getFloatValue() : null;
+            case STRING:
+                return token == JsonToken.VALUE_STRING ? parser.getText() : null;
+            case BOOLEAN:
+                return token == JsonToken.VALUE_TRUE ? Boolean.TRUE : token == JsonToken.VALUE_FALSE ? Boolean.FALSE : null;
+            default:
+                return null;
+        }
+    }
+
+    private static boolean isNumber(JsonParser parser, JsonToken token) throws IOException {
+        return isLong(parser, token) || token == JsonToken.VALUE_NUMBER_FLOAT;
+    }
+
+    private static boolean inRange(long value, long low, long high) {
+        return low <= value && value <= high;
+    }
+}
