@@ -8,11 +8,13 @@
   (a ``noop`` write of every decoded column: a count would let Spark prune the decoding
   away), three ways on the same ranges, alternating, best of ``--rounds``:
 
-  - ``engine``: the step's own reader (``sensors.decode.read_ranges``: confluent-kafka
-    consumers in ``mapInArrow`` tasks, JSON decoded and validated in Python);
-  - ``spark kafka``: Spark's Kafka source (``format("kafka")``, ``assign``, per-partition
-    ``startingOffsets``/``endingOffsets``, ``failOnDataLoss``, ``read_committed``) with
-    ``from_json`` over the declared schema;
+  - ``consumers``: the engine's reader of a small step (``sensors.decode.read_ranges`` below
+    ``LARGE_READ``: confluent-kafka consumers in ``mapInArrow`` tasks, JSON decoded and
+    validated in Python);
+  - ``spark source``: the engine's reader of a large step (Spark's Kafka source, ``assign``,
+    per-partition ``startingOffsets``/``endingOffsets``, ``failOnDataLoss``,
+    ``read_committed``, each record decoded and validated by the JVM decoder,
+    ``circuits/java``);
   - ``json file`` (the peer): ``spark.read.json`` of the same records from a file, with the
     same schema.
 
@@ -27,7 +29,6 @@ import os
 import time
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from bench.common import on_spark, timed
 from circuits.library.nexmark import SCHEMAS
@@ -66,30 +67,12 @@ def decoded(df: DataFrame, count: bool) -> int | None:
     return df.count() if count else None
 
 
-def engine(spark: SparkSession, bootstrap: str, ranges: list[Range], topic: str, count: bool) -> int | None:
-    read = read_ranges(spark, bootstrap, None, ranges, {topic: BIDS})
+def engine(spark: SparkSession, bootstrap: str, ranges: list[Range], topic: str, count: bool, large: int) -> int | None:
+    read = read_ranges(spark, bootstrap, None, ranges, {topic: BIDS}, large=large)
     try:
         return decoded(read.inputs[topic], count)
     finally:
         read.unpersist()
-
-
-def spark_kafka(spark: SparkSession, bootstrap: str, ranges: list[Range], topic: str, count: bool) -> int | None:
-    starts = {topic: {str(r.partition): r.start for r in ranges}}
-    ends = {topic: {str(r.partition): r.end for r in ranges}}
-    records = (
-        spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("assign", json.dumps({topic: [r.partition for r in ranges]}))
-        .option("startingOffsets", json.dumps(starts))
-        .option("endingOffsets", json.dumps(ends))
-        .option("failOnDataLoss", "true")
-        .option("kafka.isolation.level", "read_committed")
-        .option("kafkaConsumer.pollTimeoutMs", "10000")
-        .load()
-    )
-    values = records.select(F.from_json(F.col("value").cast("string"), parse_schema(BIDS)).alias("v")).select("v.*")
-    return decoded(values, count)
 
 
 def json_file(spark: SparkSession, path: str, count: bool) -> int | None:
@@ -108,8 +91,8 @@ def compare(spark: SparkSession, work: str, bootstrap: str, size: int, args: arg
     with open(path, "wb") as f:
         f.writelines(bid(i) + b"\n" for i in range(size))
     ways = {
-        "engine": lambda count: engine(spark, bootstrap, ranges, topic, count),
-        "spark kafka": lambda count: spark_kafka(spark, bootstrap, ranges, topic, count),
+        "consumers": lambda count: engine(spark, bootstrap, ranges, topic, count, size),
+        "spark source": lambda count: engine(spark, bootstrap, ranges, topic, count, 0),
         "json": lambda count: json_file(spark, path, count),
     }
     best = dict.fromkeys(ways, float("inf"))
@@ -129,11 +112,11 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
     with LocalBroker() as broker:
         rate = produce_rate(broker.bootstrap, args.produce, args.partitions)
         print(f"produce: {args.produce:,} records, one producer, {args.partitions} partitions: {rate:,.0f} records/s\n")
-        print("| records | engine s | spark kafka s | json file s | engine / json | spark kafka / json |")
+        print("| records | consumers s | spark source s | json file s | consumers / json | spark source / json |")
         print("| --- | --- | --- | --- | --- | --- |")
         for size in args.sizes:
             best = compare(spark, work, broker.bootstrap, size, args)
-            e, k, j = best["engine"], best["spark kafka"], best["json"]
+            e, k, j = best["consumers"], best["spark source"], best["json"]
             print(f"| {size:,} | {e:.2f} | {k:.2f} | {j:.2f} | {e / j:.2f}x | {k / j:.2f}x |", flush=True)
 
 

@@ -106,7 +106,9 @@ def application_conf() -> dict[str, str]:
     """The Spark application's settings: :data:`SERVER_CONF`, Delta's, and the JARs of
     :data:`circuits.jvm.SPARK` (Delta's and Spark's Kafka connectors, resolved on first use)
     and the engine's own (:func:`circuits.jvm.decoder_jar`)."""
-    return {**SERVER_CONF, **DELTA_CONF, "spark.jars": ",".join([*jars(SPARK), decoder_jar()])}
+    # A folder of JARs (DBSP_JARS_DIR) may hold a copy of the decoder's: the one compiled here wins.
+    paths = {os.path.basename(p): p for p in [*jars(SPARK), decoder_jar()]}
+    return {**SERVER_CONF, **DELTA_CONF, "spark.jars": ",".join(paths.values())}
 
 
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

@@ -311,7 +311,8 @@ def stop(args: argparse.Namespace) -> int:
 
 
 def jars(args: argparse.Namespace) -> int:
-    """Resolves every JAR set now (as the first command that needs one would), or copies them to ``--copy-to``."""
+    """Resolves every JAR set and compiles the engine's own JAR now (as the first command that
+    needs one would), or copies them to ``--copy-to``."""
     if args.copy_to:
         for folder in jvm.copy_to(args.copy_to):
             print(folder)
@@ -319,6 +320,7 @@ def jars(args: argparse.Namespace) -> int:
     for jar_set in (jvm.SPARK, jvm.KAFKA):
         found = jvm.jars(jar_set)
         print(f"{jar_set.name}: {len(found)} JARs in {os.path.dirname(found[0])}")
+    print(f"decoder: {jvm.decoder_jar()}")
     return 0
 
 

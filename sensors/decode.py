@@ -1,5 +1,11 @@
 """Reads offset ranges of Kafka topics on Spark executors and decodes them into Z-sets.
 
+Two readers give the same rows: a small step's ranges are consumed by librdkafka consumers
+in Python tasks and decoded there; a large step's (more than :data:`LARGE_READ` offsets)
+by Spark's Kafka source, its records decoded in the JVM (``circuits/java``) where the JVM
+can vouch for the result and in Python otherwise.  The rules below are the Python
+decoder's, which defines them.
+
 Sources pass raw bytes (docs/gateway.md); decoding is this separate stage. A record's value must
 be a UTF-8 JSON object holding every field of its topic's schema (null allowed) in a JSON
 form of the field's type (:mod:`sensors.values`), and optionally ``_weight``: a nonzero integer, 1 when absent (-1 deletes the

@@ -53,3 +53,17 @@ def test_an_unreachable_mirror_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv(jvm.REPOSITORY_ENV, mirror)
     with pytest.raises(jvm.JarResolutionError, match=rf"from {mirror}: .*{mirror}"):
         jvm.jars(jvm.JarSet("mirrored", ("io.delta:delta-storage:4.4.0",)), progress=lambda _: None)
+
+
+def test_the_decoder_is_compiled_once_and_a_machine_without_javac_is_told_what_to_install(tmp_path, monkeypatch):
+    import zipfile
+
+    monkeypatch.setenv(jvm.CACHE_ENV, str(tmp_path / "cache"))
+    said: list[str] = []
+    path = jvm.decoder_jar(progress=said.append)
+    assert "dbsp/RecordDecoder.class" in zipfile.ZipFile(path).namelist()
+    assert jvm.decoder_jar(progress=said.append) == path and len(said) == 1  # cached: compiled once
+    monkeypatch.setenv(jvm.CACHE_ENV, str(tmp_path / "other"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no javac there
+    with pytest.raises(jvm.JarResolutionError, match="javac, which is not on PATH: install a Java 17 JDK"):
+        jvm.decoder_jar(progress=said.append)
