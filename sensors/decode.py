@@ -547,8 +547,11 @@ def _read_large(
     decoded = decoded.withColumn("value", F.when(undecoded, F.col("value")))
     failed = partial(_large_read_failed, bootstrap_servers, read, timeout)
     try:
-        # Caching plans the read, and the planning asks the broker for the ranges' offsets.
-        decoded = decoded.persist()
+        # A checkpoint, not a cache: a cached plan is found again by comparing plans, and
+        # the Kafka source's relation equals only itself, so a plan resolved again (as Spark
+        # Connect resolves a step's later plans) would miss the cache and read the broker
+        # again.  Planning asks the broker for the ranges' offsets.
+        decoded = decoded.localCheckpoint(eager=False)
     except Exception as error:
         raise failed(error) or error from error
     python = (
