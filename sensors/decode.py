@@ -385,8 +385,8 @@ def _chunks(ranges: list[Range], size: int) -> list[tuple[str, int, int, int]]:
 @dataclass(frozen=True)
 class Decoded:
     """One read of offset ranges, planned but not run: each topic's valid records as a
-    Z-set and the invalid ones as dead letters.  They derive from one cached read of the
-    broker, which the first Spark job over them makes; that job fails when the broker did
+    Z-set and the invalid ones as dead letters.  They derive from one kept read of the
+    broker (a cache, or a local checkpoint), which the first Spark job over them makes; that job fails when the broker did
     not deliver every offset, and :meth:`failed` names why."""
 
     inputs: dict[str, DataFrame]
@@ -496,28 +496,7 @@ def _read_large(
     by_topic: dict[str, list[Range]] = {}
     for r in read:
         by_topic.setdefault(r.source, []).append(r)
-    records = (
-        spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap_servers)
-        .option("assign", json.dumps({t: [r.partition for r in rs] for t, rs in by_topic.items()}))
-        .option(
-            "startingOffsets", json.dumps({t: {str(r.partition): r.start for r in rs} for t, rs in by_topic.items()})
-        )
-        .option("endingOffsets", json.dumps({t: {str(r.partition): r.end for r in rs} for t, rs in by_topic.items()}))
-        .option("failOnDataLoss", "true")
-        .option("includeHeaders", "true")
-        .option("kafka.isolation.level", "read_committed")
-        .option("kafkaConsumer.pollTimeoutMs", str(int(timeout * 1000)))
-        # The driver asks the broker for the ranges' offsets first (an admin client, which
-        # waits a minute a try by default, three tries): a broker that does not answer fails
-        # the read after ``timeout``, as the engine's consumers do.
-        .option("kafka.default.api.timeout.ms", str(int(timeout * 1000)))
-        .option("kafka.request.timeout.ms", str(int(timeout * 1000)))
-        .option("fetchOffset.numRetries", "1")
-        .option("kafka.max.partition.fetch.bytes", _FETCH_BYTES)
-        .option("kafka.fetch.max.bytes", _FETCH_BYTES)
-        .load()
-    )
+    records = _kafka_source(spark, bootstrap_servers, by_topic, timeout)
     # A record without headers has null ones.
     framed = F.coalesce(F.exists("headers", lambda h: h["key"] == RANGE_HEADER), F.lit(False))
     decoders = {
@@ -570,6 +549,36 @@ def _read_large(
         **result,
         cached=(decoded, python),
         failed=failed,
+    )
+
+
+def _kafka_source(
+    spark: SparkSession, bootstrap_servers: str, by_topic: dict[str, list[Range]], timeout: float
+) -> DataFrame:
+    """Spark's Kafka source over exactly the offset ranges of ``by_topic`` (per topic, its
+    ranges), read committed, failing on offsets that are gone."""
+    offsets = lambda side: json.dumps(
+        {t: {str(r.partition): getattr(r, side) for r in rs} for t, rs in by_topic.items()}
+    )
+    return (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("assign", json.dumps({t: [r.partition for r in rs] for t, rs in by_topic.items()}))
+        .option("startingOffsets", offsets("start"))
+        .option("endingOffsets", offsets("end"))
+        .option("failOnDataLoss", "true")
+        .option("includeHeaders", "true")
+        .option("kafka.isolation.level", "read_committed")
+        .option("kafkaConsumer.pollTimeoutMs", str(int(timeout * 1000)))
+        # The driver asks the broker for the ranges' offsets first (an admin client, which
+        # waits a minute a try by default, three tries): a broker that does not answer fails
+        # the read after ``timeout``, as the engine's consumers do.
+        .option("kafka.default.api.timeout.ms", str(int(timeout * 1000)))
+        .option("kafka.request.timeout.ms", str(int(timeout * 1000)))
+        .option("fetchOffset.numRetries", "1")
+        .option("kafka.max.partition.fetch.bytes", _FETCH_BYTES)
+        .option("kafka.fetch.max.bytes", _FETCH_BYTES)
+        .load()
     )
 
 
