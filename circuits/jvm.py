@@ -71,16 +71,17 @@ class JarSet:
         return f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def _pyspark_origin() -> str:
+def _pyspark_jars_dir() -> str:
+    """The folder of the JARs the PySpark wheel ships."""
     import importlib.util
 
     spec = importlib.util.find_spec("pyspark")
     assert spec is not None and spec.origin is not None
-    return spec.origin
+    return os.path.join(os.path.dirname(spec.origin), "jars")
 
 
 def _pyspark_jars() -> set[str]:
-    return {artifact_name(p) for p in glob.glob(os.path.join(os.path.dirname(_pyspark_origin()), "jars", "*.jar"))}
+    return {artifact_name(p) for p in glob.glob(os.path.join(_pyspark_jars_dir(), "*.jar"))}
 
 
 _SPARK_MINOR = ".".join(SPARK_VERSION.split(".")[:2])
@@ -160,7 +161,7 @@ def _compile(sources: list[str], path: str, progress: Callable[[str], None]) -> 
             "install a Java 17 JDK (apt-get install openjdk-17-jdk-headless)"
         )
     progress(f"compiling the engine's record decoder (once; cached in {os.path.dirname(path)})")
-    spark_jars = os.path.join(os.path.dirname(_pyspark_origin()), "jars", "*")
+    spark_jars = os.path.join(_pyspark_jars_dir(), "*")
     work = tempfile.mkdtemp(prefix=".decoder-", dir=cache_dir())
     try:
         command = [javac, "--release", "17", "-nowarn", "-cp", spark_jars, "-d", work, *sources]
