@@ -66,6 +66,8 @@ def test_backfill_and_run_launched_through_graphql(spark, spark_resource, broker
     wait_for(lambda: status(served.root).committed_step == 2, 300, "the backfill to commit steps 0 and 1")
     runs = instance.get_runs()
     assert len(runs) == 1, [r.tags for r in runs]  # one run for the whole range: one checkpoint
+    # The commit is seen before the run ends: the runs below must find nothing ahead.
+    assert finish(port, runs[0].run_id, "the backfill's run") == "SUCCESS"
     assert runs[0].tags[WORKER_TAG] != NEW_PROCESS  # handed to the step worker, which ran its step in its own process
     assert not instance.all_logs(runs[0].run_id, of_type=DagsterEventType.STEP_WORKER_STARTING)
     assert status(served.root).checkpoint_version == 1
