@@ -261,7 +261,12 @@ def connect_server(
                     f"{timeout:g} s; see {daemon.log_path}"
                 )
             time.sleep(0.1)
-        application.append(_probe(url, daemon.log_path))
+        found, jars = _probe(url, daemon.log_path)
+        if process is None and jars != settings["spark.jars"]:
+            # Started by another version of the engine (its decoder's class is another one):
+            # the daemon stops it and starts this one's.
+            raise SparkUnavailableError(f"the Spark Connect server at {url} runs other JARs: {jars}")
+        application.append(found)
 
     # Python workers (mapInArrow) must run the interpreter that has this project's packages.
     daemon.ensure(command, ready, env={"SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable})
@@ -269,12 +274,14 @@ def connect_server(
     return f"{url}/;session_id={uuid.uuid5(uuid.NAMESPACE_URL, f'{url} {application[-1]}')}"
 
 
-def _probe(url: str, log_path: str) -> str:
-    """The application id of the server at ``url``: a listening but hung server fails to say."""
+def _probe(url: str, log_path: str) -> tuple[str, str | None]:
+    """The application id and the JARs of the server at ``url``: a listening but hung
+    server fails to say."""
     try:
         # A bare client: a session of this process would outlive the probe.
         with bare_client(url, retry_policy={"max_retries": 2}) as probe:
-            return probe.get_configs("spark.app.id")[0]
+            found, jars = probe.get_configs("spark.app.id", "spark.jars")
+            return found, jars
     except Exception as e:
         raise SparkUnavailableError(f"the Spark Connect server at {url} does not answer ({e}); see {log_path}") from e
 

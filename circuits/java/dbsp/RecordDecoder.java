@@ -4,21 +4,12 @@ import com.fasterxml.jackson.core.JsonFactory;
 import com.fasterxml.jackson.core.JsonParser;
 import com.fasterxml.jackson.core.JsonToken;
 import java.io.IOException;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.api.java.UDF2;
-import org.apache.spark.sql.types.BooleanType;
-import org.apache.spark.sql.types.ByteType;
-import org.apache.spark.sql.types.DataType;
-import org.apache.spark.sql.types.DoubleType;
-import org.apache.spark.sql.types.FloatType;
-import org.apache.spark.sql.types.IntegerType;
-import org.apache.spark.sql.types.LongType;
-import org.apache.spark.sql.types.ShortType;
-import org.apache.spark.sql.types.StringType;
-import org.apache.spark.sql.types.StructField;
-import org.apache.spark.sql.types.StructType;
 
 /**
  * A Kafka record's value decoded on the executor, in one pass of Jackson's streaming parser:
@@ -35,9 +26,12 @@ import org.apache.spark.sql.types.StructType;
  * comes out the same whichever decoder took it, and the common case, a valid record of
  * plain columns, never leaves the JVM.
  *
- * <p>Called as {@code decoder(value, schema)}, {@code schema} being the topic's columns as
- * Spark's JSON form of a {@code StructType}; registered with the return type of those
- * columns followed by {@code _weight bigint}.
+ * <p>Called as {@code decoder(value, schema)}, {@code schema} being the topic's columns, each
+ * written {@code <kind><length>:<name>} (kinds {@code l i s b d f}: bigint to float, {@code
+ * S} string, {@code z} boolean, any other character: another type), the name's length in
+ * UTF-16 units; registered with the return type of those columns followed by {@code _weight
+ * bigint}.  The schema is short because Spark passes it as a new string with every record,
+ * which the decoder looks up.
  */
 public final class RecordDecoder implements UDF2<byte[], String, Row> {
     private static final long serialVersionUID = 1L;
@@ -65,25 +59,31 @@ public final class RecordDecoder implements UDF2<byte[], String, Row> {
         }
     }
 
+    /** The columns of a schema written as {@code <kind><length>:<name>} each, in order. */
     private static Column[] columns(String schema) {
-        StructField[] fields = ((StructType) DataType.fromJson(schema)).fields();
-        Column[] columns = new Column[fields.length];
-        for (int i = 0; i < fields.length; i++) {
-            columns[i] = new Column(fields[i].name(), kind(fields[i].dataType()));
+        List<Column> columns = new ArrayList<>();
+        int at = 0;
+        while (at < schema.length()) {
+            int colon = schema.indexOf(':', at + 1);
+            int end = colon + 1 + Integer.parseInt(schema, at + 1, colon, 10);
+            columns.add(new Column(schema.substring(colon + 1, end), kind(schema.charAt(at))));
+            at = end;
         }
-        return columns;
+        return columns.toArray(new Column[0]);
     }
 
-    private static Kind kind(DataType type) {
-        if (type instanceof LongType) return Kind.LONG;
-        if (type instanceof IntegerType) return Kind.INT;
-        if (type instanceof ShortType) return Kind.SHORT;
-        if (type instanceof ByteType) return Kind.BYTE;
-        if (type instanceof DoubleType) return Kind.DOUBLE;
-        if (type instanceof FloatType) return Kind.FLOAT;
-        if (type instanceof StringType) return Kind.STRING;
-        if (type instanceof BooleanType) return Kind.BOOLEAN;
-        return Kind.OTHER;
+    private static Kind kind(char code) {
+        switch (code) {
+            case 'l': return Kind.LONG;
+            case 'i': return Kind.INT;
+            case 's': return Kind.SHORT;
+            case 'b': return Kind.BYTE;
+            case 'd': return Kind.DOUBLE;
+            case 'f': return Kind.FLOAT;
+            case 'S': return Kind.STRING;
+            case 'z': return Kind.BOOLEAN;
+            default: return Kind.OTHER;
+        }
     }
 
     private static Row decode(byte[] value, Column[] columns) throws IOException {
