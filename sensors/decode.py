@@ -40,14 +40,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import cache, partial
 
 import pyarrow as pa
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, TopicPartition
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -386,20 +387,25 @@ def _chunks(ranges: list[Range], size: int) -> list[tuple[str, int, int, int]]:
 class Decoded:
     """One read of offset ranges, planned but not run: each topic's valid records as a
     Z-set and the invalid ones as dead letters.  They derive from one kept read of the
-    broker (a cache, or a local checkpoint), which the first Spark job over them makes; that job fails when the broker did
-    not deliver every offset, and :meth:`failed` names why."""
+    broker (a cache), which the first Spark job over them makes; that job fails when the
+    broker did not deliver every offset, and :meth:`failed` names why."""
 
     inputs: dict[str, DataFrame]
-    dead_letters: DataFrame
-    taken: DataFrame
+    dead_letters: DataFrame | None
+    """None: no record of the read is one (a large read's :attr:`rest` may still hold some)."""
+    taken: DataFrame | None
     """Per gateway source (``topic``, ``source``): the ``end`` of its bytes taken so far
     (:data:`storage.logs.TAKEN_SCHEMA`; a source may have several rows: the largest counts)."""
-    cached: tuple[DataFrame, ...] = field(repr=False)
+    cached: list[DataFrame] = field(repr=False)
     failed: Callable[[BaseException], SourceError | None] = field(repr=False, default=read_failed)
     """The read's error behind a failed job over the frames above, or None for another failure."""
+    rest: Callable[[], Decoded | None] | None = field(repr=False, default=None)
+    """A read in two jobs (see :func:`_read_large`): the records the frames above left out,
+    read and decoded (None when there are none), to be called once a job over every input
+    above has run."""
 
     def unpersist(self) -> None:
-        """Frees the cached records; the DataFrames above must not be used after."""
+        """Frees the cached records; the DataFrames above (and the rest's) must not be used after."""
         for frame in self.cached:
             frame.unpersist()
 
@@ -466,12 +472,16 @@ def read_ranges(
     # Cached: every frame below reads the broker's records once, in the first job over them.
     raw = map_in_arrow(tasks, reader, _RAW_SCHEMA, ["id"]).persist()
     records = _first_copies(raw, partitions) if _split(chunks) else raw
-    return Decoded(**_decoded(records, raw, schemas), cached=(raw,))
+    return Decoded(**_decoded(records, raw, schemas), cached=[raw])
 
 
 _FETCH_BYTES = str(32 << 20)
 """The Kafka source's fetch sizes (partition and request): a large read's time at the
 consumer's default of 1 MB a partition was twice its time at 32 MB (``bench/RESULTS.md``)."""
+
+_FETCH_WAIT_MS = "50"
+"""How long the broker may hold a fetch of the Kafka source that finds no new record: at
+the default 500 ms a read of 1,000 records took 1.3-1.4 s, at 50 ms 0.4-0.5 s."""
 
 _KAFKA_FAILURES = ("KAFKA_DATA_LOSS", "org.apache.kafka.common.errors", "KafkaDataConsumer", "Cannot fetch")
 """What a job failed by Spark's Kafka source says (Spark's error class, the client's exceptions)."""
@@ -489,67 +499,79 @@ def _read_large(
     """:func:`read_ranges` through Spark's Kafka source (``assign``, each range's offsets,
     ``read_committed``, ``failOnDataLoss``; a Spark partition per topic partition, in offset
     order) and ``dbsp.RecordDecoder`` (``circuits/java``), which decodes a record of a
-    topic of plain columns in the JVM or leaves it to the Python decoder: gateway messages,
-    keyed logs, records of other column types and every record it cannot vouch for go to
-    :func:`_decode_tasks`, whose rows are the engine reader's."""
+    topic of plain columns in the JVM or leaves it to the Python decoder
+    (:func:`_decode_tasks`, whose rows are the engine reader's): gateway messages, keyed
+    logs, records of other column types and every record it cannot vouch for.
+
+    A topic the JVM decodes is read once by the job over its input, which counts what the
+    JVM left (an observation); :attr:`Decoded.rest` reads again only the topics where it
+    left any.  Nothing keeps the records between the two: a copy of every record costs
+    more than a second read of the few that a step with no dead letters never makes."""
     read = [r for r in ranges if r.end > r.start]
     by_topic: dict[str, list[Range]] = {}
     for r in read:
         by_topic.setdefault(r.source, []).append(r)
-    records = _kafka_source(spark, bootstrap_servers, by_topic, timeout)
-    # A record without headers has null ones.
-    framed = F.coalesce(F.exists("headers", lambda h: h["key"] == RANGE_HEADER), F.lit(False))
+    source = lambda topics: _kafka_source(spark, bootstrap_servers, {t: by_topic[t] for t in topics}, timeout)
     decoders = {
         topic: _decoder(spark, parse_schema(schemas[topic]))
         for topic in by_topic
         if fields[topic] != KEYED and any(plain(parse_type(kind)) for _, kind in fields[topic])
     }
-    topics = list(decoders)
-    rows = [
-        F.when((F.col("topic") == topic) & ~framed, F.call_function(name, "value", F.lit(text))).alias(f"_row{i}")
-        for i, (topic, (name, text)) in enumerate(decoders.items())
-    ]
-    undecoded = F.lit(True)
-    for i in range(len(rows)):
-        undecoded = undecoded & F.col(f"_row{i}").isNull()
-    decoded = records.select(
-        "topic",
-        "partition",
-        "offset",
-        "key",
-        "headers",
-        F.when(F.col("timestampType") >= 0, F.unix_millis("timestamp")).alias("timestamp"),
-        *rows,
-        "value",
-    )
-    # The records the JVM decoded keep their row alone; the rest keep their bytes for Python.
-    decoded = decoded.withColumn("value", F.when(undecoded, F.col("value")))
+    # A record without headers has null ones.
+    framed = F.coalesce(F.exists("headers", lambda h: h["key"] == RANGE_HEADER), F.lit(False))
+    jvm = lambda topic: F.when(~framed, F.call_function(decoders[topic][0], "value", F.lit(decoders[topic][1])))
+    inputs, left = {}, {}
+    for topic in decoders:
+        left[topic] = Observation(f"dbsp_left_{uuid.uuid4().hex}")
+        # The observation stands between the decoder and the filter, so the row is decoded once.
+        rows = source([topic]).select(jvm(topic).alias("_row"))
+        counted = rows.observe(left[topic], F.count_if(F.col("_row").isNull()).alias("records"))
+        inputs[topic] = counted.where(F.col("_row").isNotNull()).select("_row.*")
+    cached: list[DataFrame] = []
     failed = partial(_large_read_failed, bootstrap_servers, read, timeout)
+
+    def rest() -> Decoded | None:
+        again = [topic for topic, counted in left.items() if counted.get["records"]]
+        if not again:
+            return None
+        decodable = F.lit(False)
+        for topic in again:
+            decodable = decodable | ((F.col("topic") == topic) & jvm(topic).isNotNull())
+        return _python_pass(
+            source(again).where(~decodable), fields, taken, {t: schemas[t] for t in again}, cached, failed
+        )
+
+    others = [topic for topic in by_topic if topic not in decoders]
+    if others:
+        first = _python_pass(source(others), fields, taken, {t: schemas[t] for t in others}, cached, failed)
+        return replace(first, inputs=first.inputs | inputs, rest=rest)
+    return Decoded(inputs, None, None, cached, failed, rest)
+
+
+def _python_pass(
+    records: DataFrame,
+    fields: dict[str, Fields],
+    taken: dict[tuple[str, str], int],
+    schemas: dict[str, T.StructType | str],
+    cached: list[DataFrame],
+    failed: Callable[[BaseException], SourceError | None],
+) -> Decoded:
+    """``records`` of Spark's Kafka source decoded by :func:`_decode_tasks`, kept (in
+    ``cached``) so that the frames of the result read them once.  A local checkpoint, not a
+    cache: a cached plan is found again by comparing plans, and the Kafka source's relation
+    equals only itself, so each frame of the result, resolved again by Spark Connect, would
+    miss the cache and read the broker again."""
+    left = records.select(
+        *[n for n in _LEFT_SCHEMA.names if n != "timestamp"],
+        F.when(F.col("timestampType") >= 0, F.unix_millis("timestamp")).alias("timestamp"),
+    ).select(*_LEFT_SCHEMA.names)
+    decoded = map_in_arrow(left, partial(_decode_tasks, fields, taken), _RAW_SCHEMA, _LEFT_SCHEMA.names)
     try:
-        # A checkpoint, not a cache: a cached plan is found again by comparing plans, and
-        # the Kafka source's relation equals only itself, so a plan resolved again (as Spark
-        # Connect resolves a step's later plans) would miss the cache and read the broker
-        # again.  Planning asks the broker for the ranges' offsets.
-        decoded = decoded.localCheckpoint(eager=False)
+        decoded = decoded.localCheckpoint(eager=False)  # planning asks the broker for the offsets
     except Exception as error:
         raise failed(error) or error from error
-    python = (
-        map_in_arrow(
-            decoded.where(undecoded).select(*_LEFT_SCHEMA.names),
-            partial(_decode_tasks, fields, taken),
-            _RAW_SCHEMA,
-            _LEFT_SCHEMA.names,
-        )
-    ).persist()
-    result = _decoded(python, python, schemas)
-    for i, topic in enumerate(topics):
-        jvm = decoded.where(F.col(f"_row{i}").isNotNull()).select(f"_row{i}.*")
-        result["inputs"][topic] = jvm.unionByName(result["inputs"][topic])
-    return Decoded(
-        **result,
-        cached=(decoded, python),
-        failed=failed,
-    )
+    cached.append(decoded)
+    return Decoded(**_decoded(decoded, decoded, schemas), cached=cached, failed=failed)
 
 
 def _kafka_source(
@@ -560,24 +582,34 @@ def _kafka_source(
     offsets = lambda side: json.dumps(
         {t: {str(r.partition): getattr(r, side) for r in rs} for t, rs in by_topic.items()}
     )
+    client = {
+        "bootstrap.servers": bootstrap_servers,
+        "isolation.level": "read_committed",
+        # The driver asks the broker for the ranges' offsets first (an admin client, which
+        # waits a minute a try by default, three tries): a broker that does not answer fails
+        # the read after ``timeout``, as the engine's consumers do.
+        "default.api.timeout.ms": str(int(timeout * 1000)),
+        "request.timeout.ms": str(int(timeout * 1000)),
+        # A fetch at a range's end finds nothing new, and the broker holds it this long
+        # before answering (500 ms by default): most of a small read's time.
+        "fetch.max.wait.ms": _FETCH_WAIT_MS,
+        "max.partition.fetch.bytes": _FETCH_BYTES,
+        "fetch.max.bytes": _FETCH_BYTES,
+    }
+    # Spark's executors keep a pool of consumers by group id and partition, but name a
+    # group of each read's own unless told one: a step's tasks would connect anew.  The
+    # pool refuses a group's consumer of other settings, so the group is named by them.
+    client["group.id"] = f"dbsp-read-{hashlib.sha256(json.dumps(client, sort_keys=True).encode()).hexdigest()[:16]}"
     return (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .options(**{f"kafka.{k}": v for k, v in client.items()})
         .option("assign", json.dumps({t: [r.partition for r in rs] for t, rs in by_topic.items()}))
         .option("startingOffsets", offsets("start"))
         .option("endingOffsets", offsets("end"))
         .option("failOnDataLoss", "true")
         .option("includeHeaders", "true")
-        .option("kafka.isolation.level", "read_committed")
         .option("kafkaConsumer.pollTimeoutMs", str(int(timeout * 1000)))
-        # The driver asks the broker for the ranges' offsets first (an admin client, which
-        # waits a minute a try by default, three tries): a broker that does not answer fails
-        # the read after ``timeout``, as the engine's consumers do.
-        .option("kafka.default.api.timeout.ms", str(int(timeout * 1000)))
-        .option("kafka.request.timeout.ms", str(int(timeout * 1000)))
         .option("fetchOffset.numRetries", "1")
-        .option("kafka.max.partition.fetch.bytes", _FETCH_BYTES)
-        .option("kafka.fetch.max.bytes", _FETCH_BYTES)
         .load()
     )
 
@@ -599,11 +631,26 @@ _LEFT_SCHEMA = T.StructType(
 """The records :func:`_read_large` hands to Python, as Spark's Kafka source gives them."""
 
 
+_KINDS = {
+    T.LongType: "l",
+    T.IntegerType: "i",
+    T.ShortType: "s",
+    T.ByteType: "b",
+    T.DoubleType: "d",
+    T.FloatType: "f",
+    T.StringType: "S",
+    T.BooleanType: "z",
+}
+"""The type codes of ``dbsp.RecordDecoder``'s schema argument; ``?``: any other type."""
+
+
 def _decoder(spark: SparkSession, schema: T.StructType) -> tuple[str, str]:
     """The name of ``dbsp.RecordDecoder`` registered in ``spark`` for ``schema``'s rows,
-    and the schema as its second argument."""
-    text = schema.json()
-    name = f"dbsp_decode_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    and the schema as its second argument (see the class)."""
+    text = "".join(
+        f"{_KINDS.get(type(f.dataType), '?')}{len(f.name.encode('utf-16-le')) // 2}:{f.name}" for f in schema.fields
+    )
+    name = f"dbsp_decode_{hashlib.sha256(schema.json().encode()).hexdigest()[:16]}"
     returns = T.StructType([*schema.fields, T.StructField(WEIGHT, T.LongType())])
     try:
         spark.udf.registerJavaFunction(name, "dbsp.RecordDecoder", returns)

@@ -18,7 +18,7 @@ from storage.errors import StorageError
 from storage.logs import Range
 from storage.pipeline import StepInput
 
-from .decode import read_ranges
+from .decode import Decoded, read_ranges
 from .delta_source import DeltaTables, is_table
 from .kafka import KafkaClient
 
@@ -58,11 +58,16 @@ class KafkaSource:
         )
         # A topic with no offsets in the step is an empty input, known so without reading.
         read = {r.source for r in ranges if r.end > r.start}
-        try:
-            yield StepInput(
-                {h: decoded.inputs[t] for h, t in self.topics.items() if t in read},
+
+        def step_input(decoded: Decoded) -> StepInput:
+            return StepInput(
+                {h: decoded.inputs[t] for h, t in self.topics.items() if t in read and t in decoded.inputs},
                 *((decoded.dead_letters, decoded.taken) if read else (None, None)),
+                rest=decoded.rest and (lambda: (more := decoded.rest()) and step_input(more)),
             )
+
+        try:
+            yield step_input(decoded)
         except StorageError as e:
             # The job failed before anything was committed: the step stays unpersisted.
             failed = decoded.failed(e)
@@ -126,4 +131,5 @@ class Sources:
             yield StepInput(
                 {h: df for r in read for h, df in r.inputs.items()},
                 *((found[0].dead_letters, found[0].taken) if found else (None, None)),
+                rest=next((r.rest for r in read if r.rest), None),  # the Kafka topics' alone
             )

@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -341,24 +342,66 @@ class InputLog:
         taken: DataFrame | None = None,
         keep: bool = False,
         records: int | None = None,
+        rest: Callable[[], tuple[dict[str, DataFrame], DataFrame | None, DataFrame | None] | None] | None = None,
     ) -> None:
         """Writes ``step``'s input for every handle (absent handles: empty), its dead
         letters (``DEAD_LETTER_SCHEMA``) and the bytes it took (``TAKEN_SCHEMA``), once,
-        with one Spark job (none when every input is absent): each table by writers of its
+        with one Spark job (none when every input is absent; a second for ``rest``): each table by writers of its
         own when ``records``, the records of the step's division, are more than
         :data:`storage.delta.APART_ROWS` (see :func:`storage.delta.write_tables`).  The dead letters and the
         bytes taken are committed before the inputs, whose commits mark the step
         persisted; a failed job commits nothing.  ``keep``: :meth:`read` returns
         ``inputs`` themselves for the step (until :meth:`forget`), so they must stay
-        readable, and give the same rows, until the step has run."""
+        readable, and give the same rows, until the step has run.  ``rest``: what a source's
+        first job left out (``inputs``, ``dead_letters``, ``taken``, or None when nothing),
+        asked for once that job has run and written by a second one; such a read is not
+        kept (its frames would read the source again)."""
         todo = {h: s for h, s in self.schemas.items() if not _recorded(self.uri(h), "input", step)}
         if not todo:
             return
-        parts, written = {}, {}
+        parts, written = self._parts(step, todo, inputs, dead_letters, taken)
+        if parts:
+            written |= write_tables(parts, size=records)
+        more = rest() if rest is not None else None
+        if more is not None:  # the records the first job left: their files join the same commits
+            parts, _ = self._parts(step, todo, *more)
+            for name, files in write_tables(parts).items():
+                if name in written:
+                    written[name].actions.extend(files.actions)
+                else:
+                    written[name] = files
+        # No empty version for a step without dead letters or byte-ranged sources: a replay
+        # that finds none recorded reads the same records and writes the same nothing.
+        dead = written.pop(DEAD_LETTERS, None)
+        if dead is not None and dead.actions:
+            commit(dead, "dead_letter", step)
+        taken_files = written.pop(TAKEN, None)
+        if taken_files is not None and taken_files.actions:
+            commit(taken_files, "taken", step)
+            failpoint("after_taken", step)
+        for files in written.values():
+            commit(files, "input", step)
+        if keep and rest is None and len(todo) == len(self.schemas):
+            self._kept[step] = _step_input(
+                {h: [_file_stats(a.stats) for a in written[h].actions] for h in todo},
+                lambda h: _conformed(inputs[h], self.schemas[h]),
+            )
+
+    def _parts(
+        self,
+        step: int,
+        todo: dict[str, T.StructType],
+        inputs: dict[str, DataFrame],
+        dead_letters: DataFrame | None,
+        taken: DataFrame | None,
+    ) -> tuple[dict[str, tuple[str, DataFrame]], dict[str, WrittenFiles]]:
+        """What :meth:`persist` writes of ``step``: per table its uri and rows (with the
+        step), and the handles of ``todo`` without rows, as tables written empty."""
+        parts, empty = {}, {}
         for handle, schema in todo.items():
             df = inputs.get(handle)
             if df is None:  # nothing to write; the commit still marks the step
-                written[handle] = WrittenFiles(self.uri(handle), arrow_schema(_step_schema(schema)), [])
+                empty[handle] = WrittenFiles(self.uri(handle), arrow_schema(_step_schema(schema)), [])
             else:
                 parts[handle] = (self.uri(handle), df)
         before = {
@@ -371,26 +414,8 @@ class InputLog:
                     uri,
                     df.select(*schema.names, *[F.lit(None).cast(f.dataType).alias(f.name) for f in nulls]),
                 )
-        if parts:
-            step_column = F.lit(step).cast("bigint")
-            stepped = {n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()}
-            written |= write_tables(stepped, size=records)
-        # No empty version for a step without dead letters or byte-ranged sources: a replay
-        # that finds none recorded reads the same records and writes the same nothing.
-        dead = written.pop(DEAD_LETTERS, None)
-        if dead is not None and dead.actions:
-            commit(dead, "dead_letter", step)
-        taken_files = written.pop(TAKEN, None)
-        if taken_files is not None and taken_files.actions:
-            commit(taken_files, "taken", step)
-            failpoint("after_taken", step)
-        for files in written.values():
-            commit(files, "input", step)
-        if keep and len(todo) == len(self.schemas):
-            self._kept[step] = _step_input(
-                {h: [_file_stats(a.stats) for a in written[h].actions] for h in todo},
-                lambda h: _conformed(inputs[h], self.schemas[h]),
-            )
+        step_column = F.lit(step).cast("bigint")
+        return {n: (uri, df.withColumn(STEP, step_column)) for n, (uri, df) in parts.items()}, empty
 
     def forget(self, step: int) -> None:
         """Drops the frames kept for ``step`` (see :meth:`persist`): read it from the log."""

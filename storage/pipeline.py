@@ -107,6 +107,9 @@ class StepInput:
     inputs: dict[str, DataFrame]
     dead_letters: DataFrame | None = None
     taken: DataFrame | None = None
+    rest: Callable[[], StepInput | None] | None = None
+    """A source that reads in two jobs: what the frames above left out, once a job over them
+    has run (None: nothing left); see :meth:`storage.logs.InputLog.persist`."""
 
 
 StepReader = Callable[
@@ -214,7 +217,13 @@ class Pipeline:
         with ExitStack() as scope:
             read = scope.enter_context(reader(self.spark, division, self.circuit.inputs, taken))
             self.inputs.persist(
-                step, read.inputs, read.dead_letters, read.taken, keep=held is not None, records=records(division)
+                step,
+                read.inputs,
+                read.dead_letters,
+                read.taken,
+                keep=held is not None,
+                records=records(division),
+                rest=read.rest and (lambda: (more := read.rest()) and (more.inputs, more.dead_letters, more.taken)),
             )
             failpoint("after_input", step)
             if held is not None:
