@@ -6,7 +6,8 @@
 * ``read``: for each of ``--sizes`` (records), a step's division of that many bids over
   ``--partitions`` partitions, read and decoded into the bids' columns by one Spark job
   (a ``noop`` write of every decoded column: a count would let Spark prune the decoding
-  away), three ways on the same ranges, alternating, best of ``--rounds``:
+  away), three ways on the same ranges, alternating, ``--rounds`` rounds after one to warm
+  up (the best and the median of each way: the machine's speed moves between rounds):
 
   - ``consumers``: the engine's reader of a small step (``sensors.decode.read_ranges`` below
     ``LARGE_READ``: confluent-kafka consumers in ``mapInArrow`` tasks, JSON decoded and
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 
 from pyspark.sql import DataFrame, SparkSession
@@ -98,29 +100,35 @@ def compare(spark: SparkSession, work: str, bootstrap: str, size: int, args: arg
         "spark source": lambda count: engine(spark, bootstrap, ranges, topic, count, 0),
         "json": lambda count: json_file(spark, path, count),
     }
-    best = dict.fromkeys(ways, float("inf"))
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
     for round_ in range(args.rounds + 1):
         for name, way in ways.items() if round_ % 2 else reversed(ways.items()):
             started = time.perf_counter()
             count = way(not round_)
-            seconds = time.perf_counter() - started
             if round_:
-                best[name] = min(best[name], seconds)
+                seconds[name].append(time.perf_counter() - started)
             else:
                 assert count == size, f"{name} read {count} of {size}"
-    return best
+    return seconds
 
 
 def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
     with LocalBroker() as broker:
         rate = produce_rate(broker.bootstrap, args.produce, args.partitions)
         print(f"produce: {args.produce:,} records, one producer, {args.partitions} partitions: {rate:,.0f} records/s\n")
+        print("Seconds, best and median of the rounds; the ratios of the best, then of the medians.\n")
         print("| records | consumers s | spark source s | json file s | consumers / json | spark source / json |")
         print("| --- | --- | --- | --- | --- | --- |")
         for size in args.sizes:
-            best = compare(spark, work, broker.bootstrap, size, args)
-            e, k, j = best["consumers"], best["spark source"], best["json"]
-            print(f"| {size:,} | {e:.2f} | {k:.2f} | {j:.2f} | {e / j:.2f}x | {k / j:.2f}x |", flush=True)
+            seconds = compare(spark, work, broker.bootstrap, size, args)
+            best = {name: min(s) for name, s in seconds.items()}
+            median = {name: statistics.median(s) for name, s in seconds.items()}
+            cells = [f"{best[name]:.2f} / {median[name]:.2f}" for name in ("consumers", "spark source", "json")]
+            ratios = [
+                f"{best[name] / best['json']:.2f}x / {median[name] / median['json']:.2f}x"
+                for name in ("consumers", "spark source")
+            ]
+            print(f"| {size:,} | {' | '.join(cells)} | {' | '.join(ratios)} |", flush=True)
 
 
 def main() -> None:

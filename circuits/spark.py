@@ -247,6 +247,8 @@ def connect_server(
         *[arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")],
     ]
 
+    decoder = os.path.basename(os.path.dirname(decoder_jar()))  # named after its sources
+
     def ready(process: subprocess.Popen | None) -> None:
         deadline = time.monotonic() + (timeout if process is not None else 10.0)
         while not listening(port, timeout=0.5):
@@ -262,10 +264,10 @@ def connect_server(
                 )
             time.sleep(0.1)
         found, jars = _probe(url, daemon.log_path)
-        if process is None and jars != settings["spark.jars"]:
-            # Started by another version of the engine (its decoder's class is another one):
+        if process is None and decoder not in {os.path.basename(os.path.dirname(j)) for j in (jars or "").split(",")}:
+            # Started by another version of the engine, whose decoder takes other arguments:
             # the daemon stops it and starts this one's.
-            raise SparkUnavailableError(f"the Spark Connect server at {url} runs other JARs: {jars}")
+            raise SparkUnavailableError(f"the Spark Connect server at {url} has another engine's decoder: {jars}")
         application.append(found)
 
     # Python workers (mapInArrow) must run the interpreter that has this project's packages.
