@@ -72,9 +72,10 @@ the ranges of a small step share a task (a Python task costs more than its read)
 MAX_BATCH = 10_000
 """Most records asked of the consumer at once."""
 
-LARGE_READ = 100_000
+LARGE_READ = 10_000
 """Most offsets a step reads with the engine's consumers; a larger read goes through Spark's
-Kafka source and the JVM decoder, which start slower and read faster (``bench/broker_io.py``)."""
+Kafka source and the JVM decoder, which start about as fast and read faster: the two
+cross between 3,000 and 10,000 records (``bench/broker_io.py``)."""
 
 # One row per consumed record: ``weight`` when the value is valid, else ``reason``.
 _RAW_SCHEMA = T.StructType(
