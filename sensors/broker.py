@@ -11,9 +11,12 @@ local default and the tests; production points ``bootstrap.servers`` at a Kafka 
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 HEAP = "512m"
+_QUORUM = "controller.quorum.bootstrap.servers"
 LOG_LEVEL = "WARN"
 
 
@@ -39,7 +43,7 @@ def _properties(port: int, controller_port: int, data_dir: str) -> str:
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
-        "controller.quorum.bootstrap.servers": f"{HOST}:{controller_port}",
+        _QUORUM: f"{HOST}:{controller_port}",
         "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -120,8 +124,8 @@ def _wait_ready(bootstrap: str, timeout: float, log: str, process: subprocess.Po
     while True:
         if process is not None and process.poll() is not None:
             raise SourceError(
-                f"the embedded Kafka broker for {bootstrap} exited with code {process.returncode} while starting; "
-                f"see {log}"
+                f"the embedded Kafka broker for {bootstrap} exited with code {process.returncode} while starting"
+                f"{_exit_cause(log)}; see {log}"
             )
         try:
             client.topics()
@@ -130,6 +134,15 @@ def _wait_ready(bootstrap: str, timeout: float, log: str, process: subprocess.Po
             if time.monotonic() > deadline:
                 raise unreachable(bootstrap, timeout, f"it did not become ready (see {log})") from error
         time.sleep(0.1)
+
+
+def _exit_cause(log: str) -> str:
+    """The address the node's log says it could not bind, as the cause of its exit, or nothing."""
+    with contextlib.suppress(OSError), open(log, errors="replace") as text:
+        taken = re.findall(r"failed to bind to (\S+): Address already in use", text.read()[-50_000:])
+        if taken:
+            return f": {taken[-1]} is in use by another process (stop it, or choose another port)"
+    return ""
 
 
 class LocalBroker:
@@ -190,13 +203,35 @@ def _daemon(port: int, state_dir: str) -> Daemon:
 
 def ensure_local_broker(port: int, state_dir: str, timeout: float = 60.0) -> str:
     """The bootstrap servers of a broker on 127.0.0.1:``port``, starting a detached local
-    node there (its controller on ``port + 1``, its data, pid and log in ``state_dir``) if no
+    node there (its controller on ``port + 1``, or a free port when that one is taken, kept in
+    its settings; its data, pid and log in ``state_dir``) if no
     healthy one listens (see :class:`circuits.daemon.Daemon`; :func:`stop_local_broker` ends it)."""
     bootstrap = f"{HOST}:{port}"
     daemon = _daemon(port, state_dir)
-    node = _Node(daemon, port, port + 1)
+    node = _Node(daemon, port, _controller_port(daemon, port))
     daemon.ensure(node.command, lambda process: _wait_ready(bootstrap, timeout, daemon.log_path, process))
     return bootstrap
+
+
+def _controller_port(daemon: Daemon, port: int) -> int:
+    """The node's controller port: the one its settings hold (its formatted data names that
+    endpoint as the quorum's voter), else ``port + 1`` when nothing holds it, else any free
+    port (``port + 1`` may be another process's)."""
+    with contextlib.suppress(FileNotFoundError), open(daemon.path("properties")) as settings:
+        for line in settings:
+            if line.startswith(f"{_QUORUM}="):
+                return int(line.rsplit(":", 1)[1])
+    return port + 1 if _bindable(port + 1) else free_port()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the JVM's server sockets
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def stop_local_broker(port: int, state_dir: str) -> bool:

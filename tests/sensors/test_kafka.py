@@ -1,9 +1,11 @@
 """KafkaClient and the local broker, against a real Apache Kafka broker."""
 
+import contextlib
 import itertools
 import os
 import re
 import signal
+import socket
 import threading
 import time
 
@@ -113,6 +115,38 @@ def test_ensure_local_broker_starts_one_detached_broker_and_reuses_it(tmp_path):
     finally:
         assert stop_local_broker(port, str(tmp_path))
     assert not stop_local_broker(port, str(tmp_path))
+
+
+def test_an_embedded_broker_whose_controller_port_is_taken_takes_another_and_keeps_it(tmp_path):
+    port = free_port()
+    other = socket.socket()  # on port + 1: another process's
+    with contextlib.suppress(OSError):  # taken already: the same case
+        other.bind(("127.0.0.1", port + 1))
+        other.listen()
+    try:
+        bootstrap = ensure_local_broker(port, str(tmp_path))
+        ensure_topics(bootstrap, {"kept": 1}, timeout=5)
+        KafkaClient(bootstrap).produce("kept", [b"a"])
+    finally:
+        other.close()
+        assert stop_local_broker(port, str(tmp_path))
+    # Started again with port + 1 free: the controller stays where its formatted data has it.
+    try:
+        assert KafkaClient(ensure_local_broker(port, str(tmp_path))).offsets(["kept"]) == {("kept", 0): (0, 1)}
+    finally:
+        assert stop_local_broker(port, str(tmp_path))
+
+
+def test_a_broker_that_could_not_bind_says_which_address_was_taken(tmp_path):
+    from sensors.broker import _exit_cause
+
+    log = tmp_path / "kafka.log"
+    log.write_text(
+        "ERROR ...\nCaused by: KafkaException: Socket server failed to bind to 127.0.0.1:5: Address already in use.\n"
+    )
+    assert _exit_cause(str(log)) == ": 127.0.0.1:5 is in use by another process (stop it, or choose another port)"
+    log.write_text("ERROR something else\n")
+    assert _exit_cause(str(log)) == ""
 
 
 def test_a_produce_with_the_broker_down_names_the_bootstrap_servers_and_what_was_seen():
