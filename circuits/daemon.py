@@ -36,6 +36,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def bindable(port: int) -> bool:
+    """Whether a server could listen on ``port`` now (nothing else holds it)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the JVM's server sockets
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
 @contextlib.contextmanager
 def locked(path: str) -> Iterator[None]:
     """Holds an exclusive lock on ``path`` (across processes) for the block."""

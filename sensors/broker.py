@@ -16,14 +16,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import uuid
 from typing import TYPE_CHECKING
 
-from circuits.daemon import HOST, Daemon, free_port, listening, write_if_changed
+from circuits.daemon import HOST, Daemon, bindable, free_port, listening, write_if_changed
 from circuits.jvm import KAFKA, jars
 
 from .errors import BrokerUnavailableError, SourceError
@@ -221,17 +220,7 @@ def _controller_port(daemon: Daemon, port: int) -> int:
         for line in settings:
             if line.startswith(f"{_QUORUM}="):
                 return int(line.rsplit(":", 1)[1])
-    return port + 1 if _bindable(port + 1) else free_port()
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the JVM's server sockets
-        try:
-            probe.bind((HOST, port))
-        except OSError:
-            return False
-    return True
+    return port + 1 if bindable(port + 1) else free_port()
 
 
 def stop_local_broker(port: int, state_dir: str) -> bool:

@@ -387,9 +387,10 @@ def _chunks(ranges: list[Range], size: int) -> list[tuple[str, int, int, int]]:
 @dataclass(frozen=True)
 class Decoded:
     """One read of offset ranges, planned but not run: each topic's valid records as a
-    Z-set and the invalid ones as dead letters.  They derive from one kept read of the
-    broker (a cache), which the first Spark job over them makes; that job fails when the
-    broker did not deliver every offset, and :meth:`failed` names why."""
+    Z-set and the invalid ones as dead letters.  The first Spark job over them reads the
+    broker (once: records a frame shares are kept, in :attr:`cached`; a large read's
+    rows of the JVM are read straight from the broker by the one job over them); a job
+    fails when the broker did not deliver every offset, and :meth:`failed` names why."""
 
     inputs: dict[str, DataFrame]
     dead_letters: DataFrame | None
@@ -562,10 +563,8 @@ def _python_pass(
     cache: a cached plan is found again by comparing plans, and the Kafka source's relation
     equals only itself, so each frame of the result, resolved again by Spark Connect, would
     miss the cache and read the broker again."""
-    left = records.select(
-        *[n for n in _LEFT_SCHEMA.names if n != "timestamp"],
-        F.when(F.col("timestampType") >= 0, F.unix_millis("timestamp")).alias("timestamp"),
-    ).select(*_LEFT_SCHEMA.names)
+    stamp = F.when(F.col("timestampType") >= 0, F.unix_millis("timestamp")).alias("timestamp")
+    left = records.select(*[stamp if n == "timestamp" else n for n in _LEFT_SCHEMA.names])
     decoded = map_in_arrow(left, partial(_decode_tasks, fields, taken), _RAW_SCHEMA, _LEFT_SCHEMA.names)
     try:
         decoded = decoded.localCheckpoint(eager=False)  # planning asks the broker for the offsets
