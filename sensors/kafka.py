@@ -35,6 +35,9 @@ _ELECTING = frozenset(
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_LEADER_EPOCH,
         KafkaError.FENCED_LEADER_EPOCH,
+        # librdkafka's word for metadata naming no leader yet ("No leaders found"), seen
+        # on a node just restarted.
+        KafkaError._NOENT,
     }
 )
 """What a broker answers for a partition while its leader is elected."""
