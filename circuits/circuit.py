@@ -88,6 +88,7 @@ class Circuit:
         """The SQL views' expressions by their Spark SQL as the operators evaluate it (over
         the circuit's own column names): Spark names the one that failed by that text.  Not
         part of the fingerprint."""
+        self._checked: tuple[SparkSession, str, Checked] | None = None
 
     def input(self, name: str, schema: T.StructType | str) -> Stream:
         """An input handle whose deltas have ``schema`` (a StructType or DDL string) plus a weight."""
@@ -242,9 +243,14 @@ class Circuit:
     def check(self, spark: SparkSession) -> Checked:
         """Plans a step on empty inputs and no state: finds every unresolvable expression
         before any data is read.  Returns the schemas (weight included) of the outputs and
-        of every node's delta."""
+        of every node's delta.  The answer is kept for ``spark`` and the circuit as it is
+        (its fingerprint): a new state of the same circuit asks Spark nothing again (a
+        check of a large circuit is hundreds of round trips)."""
         if not self.outputs:
             raise CircuitDefinitionError(f"circuit {self.name!r} has no outputs")
+        fingerprint = self.fingerprint()
+        if self._checked is not None and self._checked[0] is spark and self._checked[1] == fingerprint:
+            return self._checked[2]
         step = StepContext(
             spark,
             InMemoryStateStore(),
@@ -254,7 +260,8 @@ class Circuit:
         )
         try:
             outputs = {name: df.schema for name, df in self.plan(step, analyze=True).items()}
-            return Checked(outputs, step.schemas)
+            self._checked = (spark, fingerprint, Checked(outputs, step.schemas))
+            return self._checked[2]
         finally:
             step.release()
 

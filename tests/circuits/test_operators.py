@@ -102,4 +102,4 @@ def expected(t: int, deltas: list[dict[str, Counter]], integrated: dict[str, Cou
 @pytest.mark.slow
 @at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}))
 def test_every_operator_equals_recomputation(spark, workers, steps):
-    run_and_compare(spark, kitchen_sink(), steps, workers, expected)
+    run_and_compare(spark, kitchen_sink(), steps, workers, expected, compiled=True)

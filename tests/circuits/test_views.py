@@ -71,7 +71,7 @@ def nexmark_expected(t, deltas, integrated):
     )
 )
 def test_nexmark_views_equal_recomputation(spark, workers, steps):
-    run_and_compare(spark, nexmark_circuit(), steps, workers, nexmark_expected)
+    run_and_compare(spark, nexmark_circuit(), steps, workers, nexmark_expected, compiled=True)
 
 
 words = st.tuples(st.sampled_from(["F", "f", "M", "m", "Dog", "dog", "DOG"]), st.integers(-3, 5))
@@ -94,7 +94,7 @@ def word_count_expected(t, deltas, integrated):
 @pytest.mark.slow
 @at_every_worker_count(insert_delete_steps({"upper": words, "lower": words}))
 def test_word_count_equals_recomputation(spark, workers, steps):
-    run_and_compare(spark, word_count(), steps, workers, word_count_expected)
+    run_and_compare(spark, word_count(), steps, workers, word_count_expected, compiled=True)
 
 
 def test_word_count_of_the_seed(spark):
