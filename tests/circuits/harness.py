@@ -190,7 +190,7 @@ operator and Nexmark view property tests check at 1, 2 and 4."""
 DURABLE_WORKERS = (2,)
 """The worker count of a durable twin (a pipeline on Delta, dying and recovering, about a
 minute an example) of a property test that runs at :data:`SQL_WORKERS` in memory: what
-the twin adds is the restart.  The SQL file's own durable test runs at both."""
+the twin adds is the restart."""
 
 
 def at_every_worker_count(steps: st.SearchStrategy, max_examples: int = 3, workers: tuple[int, ...] = (1, 2, 4)):
@@ -306,15 +306,13 @@ def equal_to_spark_batch_sql(text: str, max_examples: int = 2):
     return test
 
 
-def durably_equal_to_spark_batch_sql(
-    text: str, doc: str, fixed: tuple, max_examples: int = 2, workers: tuple[int, ...] = SQL_WORKERS
-):
-    """:func:`equal_to_spark_batch_sql` over a real pipeline on Delta at ``workers``, which
+def durably_equal_to_spark_batch_sql(text: str, doc: str, fixed: tuple, max_examples: int = 2):
+    """:func:`equal_to_spark_batch_sql` over a real pipeline on Delta at :data:`DURABLE_WORKERS`, which
     dies (or stops) at a random step and recovers: ``fixed`` (steps, :class:`Restart`) is
     an example of its own, run first (hypothesis's first is the simplest: one empty step)."""
 
     @pytest.mark.slow
-    @at_every_worker_count(SQL_DURABLE_STEPS, max_examples=max_examples, workers=workers)
+    @at_every_worker_count(SQL_DURABLE_STEPS, max_examples=max_examples, workers=DURABLE_WORKERS)
     @example(steps=fixed)
     def test(spark, circuit, tmp_path_factory, workers, steps):
         equals_spark_batch_durably(spark, text, circuit, steps, workers, tmp_path_factory)

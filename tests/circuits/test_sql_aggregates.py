@@ -61,7 +61,6 @@ test_aggregates_equal_spark_batch_sql_durably_across_a_restart = harness.durably
         harness.Restart(1, "after_output"),
     ),
     max_examples=1,
-    workers=harness.DURABLE_WORKERS,
 )
 
 
