@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
-from common import SPARK_DEFAULTS, timed
+from common import peer_session, timed
 from deltalake import DeltaTable
 from state_scale import VIEWS, Server, peer_inputs, recompute, server_arguments, weighted
 
@@ -166,9 +166,7 @@ def load(spark, root: str, base: str, events_count: int, workers: int) -> tuple[
 def profile(spark, server: Server, args: argparse.Namespace) -> None:
     root = os.path.join(args.root, f"big-{args.events}")
     shutil.rmtree(root, ignore_errors=True)
-    peer = spark.newSession()
-    for key, value in SPARK_DEFAULTS.items():
-        peer.conf.set(key, value)
+    peer = peer_session(spark, server.url)
     base = peer_inputs(peer, args.data, args.events)
     for warm in range(args.warmup):  # the smallest cached input, loaded on pipelines of their own and recomputed
         small = peer_inputs(peer, args.data, 100_000)

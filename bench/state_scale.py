@@ -50,7 +50,7 @@ import urllib.request
 from collections import Counter
 
 import deltalake
-from common import SPARK_DEFAULTS, integrated_output, rounded, timed
+from common import integrated_output, peer_session, rounded, timed
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -357,9 +357,7 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
     root = os.path.join(args.root, f"state-{events}")
     added = os.path.join(args.root, f"added-{events}")
     progress = Progress(root, added, args.keep)
-    peer = spark.newSession()
-    for key, value in SPARK_DEFAULTS.items():
-        peer.conf.set(key, value)
+    peer = peer_session(spark, server.url)
     base = peer_inputs(peer, args.data, events)
     pipeline = pipeline_at(spark, root, args.workers)
 
