@@ -77,9 +77,12 @@ to a step's keys: in a small step by the step's one task (about 0.3 s for 100,00
 see DESIGN.md), in a larger one by a shuffle.  Either costs less than the broadcast job
 that would filter it."""
 COMPACT_FILES = 16
-"""A small trace spread over more files than this is rewritten whole, consolidated, by the
-next step that adds to it, in that step's own job: every lookup reads a small trace
-whole, and each file costs more to open than its rows cost to read."""
+"""A trace's files merge in the next step that adds to it, in that step's own job, once
+they crowd (see :func:`crowded`): a small trace's every file when it has more than this
+many, since every lookup reads a small trace whole and each file costs more to open than
+its rows cost to read; a large trace's files of one size class when that class has more
+than this many, since each small step adds a file spanning every key, which every later
+lookup would read."""
 CLUSTER_ROWS = 250_000
 """A step's file of a trace holding more rows than this (a large step's, such as a load's)
 is written sorted by the trace's lookup keys and cut into files of this many rows (see
@@ -308,9 +311,9 @@ class DeltaStateStore(StateStore):
         return read_files(self.spark, self._uri(table), schema, files, self._tables[table])
 
     def materialize(self, parts: dict[str, DataFrame], rows: int | None = None) -> dict[str, DataFrame]:
-        """See :meth:`circuits.state.StateStore.materialize`.  A crowded small trace (see
-        :data:`COMPACT_FILES`) is written whole, consolidated with the step's delta, and
-        :meth:`apply` replaces its files.  A step of more than :data:`storage.delta.APART_ROWS`
+        """See :meth:`circuits.state.StateStore.materialize`.  A trace's crowded files (see
+        :func:`crowded`) are written again with the step's delta, consolidated, and
+        :meth:`apply` replaces them.  A step of more than :data:`storage.delta.APART_ROWS`
         input rows writes each table by writer tasks of its own."""
         targets, layout, self._rewrites = {}, self.layout(), {}
         for name, df in parts.items():
@@ -319,10 +322,19 @@ class DeltaStateStore(StateStore):
                 targets[name] = (output_uri(self.root, name[len(OUTPUT) :]), df.withColumn(STEP, step))
                 continue
             table = name[len(STATE) :]
-            files = paths(self._pinned(table)) if layout is not None and self.is_small(table) else []
-            if len(files) > COMPACT_FILES:
-                self._rewrites[table] = files
-                whole = consolidate(self.scan(table).unionByName(df.drop(FILE)))
+            merged = crowded(add_actions(self._pinned(table))) if layout is not None and table in self._tables else []
+            if merged:
+                self._rewrites[table] = merged
+                delta = self._pinned(table)
+                base = delta.table_uri.rstrip("/")
+                files = read_files(
+                    self.spark,
+                    self._uri(table),
+                    table_schema(delta),
+                    [f"{base}/{p}" for p in merged],
+                    self._tables[table],
+                )
+                whole = consolidate(files.unionByName(df.drop(FILE)))
                 df = whole.withColumn(FILE, worker_of(layout, F.col(VNODE)))
             targets[name] = (self._uri(table), df)
         orders = {f"{STATE}{table}": order for table, order in self._orders.items()}
@@ -483,6 +495,34 @@ def may_hold(adds: pa.Table, keys: Mapping[str, pa.Array]) -> list[bool]:
                 at = bisect.bisect_left(listed, low)
                 held[i] = (at < len(listed) and listed[at] <= high) or bool(nulls[i])
     return held
+
+
+def crowded(adds: pa.Table) -> list[str]:
+    """The files of a trace (its :func:`storage.delta.add_actions`) that the next step adding
+    to it merges, by path: a small trace's (at most :data:`SMALL_TRACE_ROWS` rows) every
+    file once it has more than :data:`COMPACT_FILES`; a large trace's files of the smallest
+    size class holding more than :data:`COMPACT_FILES`, a class being the files of fewer
+    than :data:`CLUSTER_ROWS` rows whose row counts have as many hexadecimal digits.
+    Merging by class bounds how often a row is written again (a merge's result joins the
+    next class, or is cut by its keys past :data:`CLUSTER_ROWS`) and a large trace's loose
+    files to a few classes' worth.  None of a trace whose files lack row counts."""
+    found = adds.column("path").to_pylist()
+    rows = adds.column("num_records").to_pylist()
+    if None in rows:
+        return []
+    if sum(rows) <= SMALL_TRACE_ROWS:
+        return found if len(found) > COMPACT_FILES else []
+    classes: dict[int, list[str]] = {}
+    for path, count in zip(found, rows, strict=True):
+        if count < CLUSTER_ROWS:
+            classes.setdefault(_size_class(count), []).append(path)
+    return next((classes[c] for c in sorted(classes) if len(classes[c]) > COMPACT_FILES), [])
+
+
+def _size_class(rows: int) -> int:
+    """The hexadecimal digits of ``rows``, less one: a merge of about sixteen files of one
+    class lands in the next."""
+    return (max(rows, 1).bit_length() - 1) // 4
 
 
 def _by_owner(trace: DataFrame, layout: Layout | None) -> DataFrame:

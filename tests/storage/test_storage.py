@@ -7,6 +7,7 @@ import os
 import threading
 from collections import Counter
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
@@ -17,6 +18,7 @@ from circuits.library.wordcount import WORDS_SCHEMA
 from circuits.spark import round_trips
 from storage import database, logs
 from storage import delta as delta_module
+from storage.database import crowded
 from storage.delta import delta_tables
 from storage.errors import (
     CancelledError,
@@ -330,9 +332,30 @@ def test_compaction_consolidates_traces_and_changes_no_result(spark, pipeline, t
     assert totals(pipeline, 2) == totals(reference, 2)
 
 
-def test_a_crowded_small_trace_is_rewritten_by_the_step_and_changes_no_result(spark, pipeline, tmp_path, monkeypatch):
+def _adds(rows: list[int | None]) -> pa.Table:
+    return pa.table({"path": [f"f{i}" for i in range(len(rows))], "num_records": pa.array(rows, pa.int64())})
+
+
+def test_a_small_trace_merges_whole_and_a_large_one_its_smallest_crowded_size_class(monkeypatch):
+    monkeypatch.setattr(database, "COMPACT_FILES", 2)
+    monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 100)
+    monkeypatch.setattr(database, "CLUSTER_ROWS", 1_000)
+    assert crowded(_adds([10, 20])) == []
+    assert crowded(_adds([10, 20, 30])) == ["f0", "f1", "f2"]  # small: every file
+    assert crowded(_adds([10, 20, 30, None])) == []  # a file without statistics: unknown
+    # Large: classes 0-15 rows, 16-255, 256-4095; files of CLUSTER_ROWS rows or more are cut by their keys.
+    assert crowded(_adds([5_000, 300, 1, 20, 40, 2])) == []
+    assert crowded(_adds([5_000, 300, 1, 20, 40, 2, 90])) == ["f3", "f4", "f6"]
+    assert crowded(_adds([5_000, 300, 1, 20, 40, 2, 90, 3])) == ["f2", "f5", "f7"]  # the smallest class first
+    assert crowded(_adds([1_000, 1_000, 1_000, 300])) == []
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["small trace", "large trace"])
+def test_a_crowded_trace_is_merged_by_the_step_and_changes_no_result(spark, pipeline, tmp_path, monkeypatch, large):
     reference = _fresh(spark, str(tmp_path / "reference"))
     monkeypatch.setattr(database, "COMPACT_FILES", 1)
+    if large:  # every trace is large: a step merges one size class of its files, not all
+        monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
     for step in range(3):  # a checkpoint per step, so that the next one sees the files it added
         pipeline.run(through=step)
     assert totals(pipeline, 2) == totals(reference, 2)
