@@ -18,6 +18,7 @@ from sqlglot.tokens import TokenType
 
 from .aggregates import RECOMPUTED
 from .errors import SqlError, located
+from .grouped_windows import windows_over_groups
 from .grouping import expand_grouping_sets
 
 DIALECT = "spark"
@@ -207,7 +208,7 @@ def _view(statement: str, line: int, file: str) -> View:
     starts = statement.count("\n", 0, statement.index(body)) + 1 if head else line
     query = query.transform(_other_name, copy=False)
     try:
-        query = expand_grouping_sets(query)
+        query = expand_grouping_sets(windows_over_groups(query))
     except SqlError as e:
         raise located(file, _line_of(statement, e.node, line), create.this.name, str(e)) from e
     view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body, starts)
@@ -227,8 +228,6 @@ def _refuse_unsupported(view: View, statement: str) -> None:
             if isinstance(node, exp.Order) and node.parent.args.get("limit") is None:
                 line = _line_of(statement, node, view.line)
                 log.warning("%s", located(view.file, line, view.name, _IGNORED_ORDER))
-        elif isinstance(node, exp.Qualify) and (node.parent.args.get("group") or _aggregated(node.parent)):
-            reason = "QUALIFY in a query with GROUP BY or aggregates; filter the groups with HAVING"
         if reason is None and isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC:
             reason = f"{node.name}() (non-deterministic)"
         if reason is None and isinstance(node, _WHICHEVER_ROW) and not window_call(node):
@@ -334,11 +333,6 @@ def _window_refusal(window: exp.Window) -> str | None:
         return None
     if type(window_function(window)) not in WINDOW_FUNCTIONS:
         return f"the window function {text} (the engine maintains {', '.join(WINDOW_FUNCTIONS.values())} over a window)"
-    if select is not None and (select.args.get("group") or _aggregated(select)):
-        return (
-            f"{text} in a query with GROUP BY or aggregates (Spark computes it over the groups); aggregate "
-            "in a subquery in FROM (or a view) and compute the window in the query that reads it"
-        )
     if (
         select is None
         or isinstance(select.parent, (exp.In, exp.Exists))

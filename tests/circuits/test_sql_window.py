@@ -1,6 +1,6 @@
 """Window functions as columns of SQL views (aggregates over running, moving and whole
 partition frames; ``LAG``/``LEAD``, ``FIRST_VALUE``/``LAST_VALUE``/``NTH_VALUE``; ranks
-without a bound; ``QUALIFY``) equal Spark batch SQL of the same text over the integrated inputs at
+without a bound; ``QUALIFY``; windows over a query's groups) equal Spark batch SQL of the same text over the integrated inputs at
 every step (hypothesis), at :data:`~tests.circuits.harness.SQL_WORKERS`, in memory.
 
 The data has ties (few distinct values, duplicates, NULLs in the partition and order
@@ -49,6 +49,20 @@ CREATE MATERIALIZED VIEW joined AS
          count(b.d) OVER (PARTITION BY a.s) AS ds
   FROM a JOIN b ON a.k = b.k
   QUALIFY pair IS NULL OR pair > 2 OR row_number() OVER (PARTITION BY a.k ORDER BY a.v, b.x) = 1;
+CREATE MATERIALIZED VIEW over_groups AS
+  SELECT k, count(*) AS n, sum(v) AS total,
+         rank() OVER (ORDER BY count(*) DESC) AS place,
+         sum(sum(v)) OVER (PARTITION BY a.k % 2) AS half_total
+  FROM a GROUP BY k
+  HAVING count(*) > 0
+  QUALIFY place <= 3 OR total IS NULL;
+CREATE MATERIALIZED VIEW rolled_up AS
+  SELECT k, s, total, depth FROM (
+    SELECT k, s, sum(v) AS total, grouping(k) + grouping(s) AS depth,
+           rank() OVER (PARTITION BY grouping(k) + grouping(s), CASE WHEN grouping(s) = 0 THEN k END
+                        ORDER BY sum(v) DESC) AS within
+    FROM a GROUP BY ROLLUP(k, s))
+  WHERE within <= 2;
 CREATE TEMPORARY VIEW counts AS SELECT k, count(*) AS n FROM b GROUP BY k;
 CREATE MATERIALIZED VIEW shares AS
   SELECT k, n, n / sum(n) OVER () AS part, rank() OVER (ORDER BY n DESC) AS place FROM counts;
