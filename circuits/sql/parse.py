@@ -436,7 +436,12 @@ def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
 
 
 def _line_of(statement: str, node: exp.Expression, default: int) -> int:
-    """The line where ``node``'s first word appears in ``statement``, else ``default``."""
+    """The line of ``node`` in the file (``statement`` has the file's lines before it): where
+    the parser met it or the first of its parts it placed, else where ``node``'s first word
+    appears in ``statement`` (a node the rewrites made), else ``default``."""
+    placed = next((n.meta["line"] for n in node.walk() if n._meta and "line" in n._meta), None)
+    if placed is not None:
+        return placed
     word = node.sql(DIALECT).split("(")[0].split()[0] if node.sql(DIALECT).strip() else ""
     position = statement.upper().find(word.upper()) if word else -1
     return statement.count("\n", 0, position) + 1 if position >= 0 else default

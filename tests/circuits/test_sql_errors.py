@@ -93,9 +93,9 @@ def test_boolean_aggregates_are_taken_for_the_aggregates_they_are(call):
 
 def test_a_column_beside_windows_neither_grouped_nor_aggregated_is_refused_at_its_line():
     message = refusal(
-        "CREATE MATERIALIZED VIEW bad AS\n  SELECT k,\n  price, rank() OVER (ORDER BY sum(price)) AS r FROM a GROUP BY k, price + 1;"
+        "CREATE MATERIALIZED VIEW bad AS\n  SELECT k, rank() OVER (ORDER BY sum(v)) AS r,\n  v FROM a GROUP BY k, v + 1;"
     )
-    assert message.startswith("views.sql:3, view 'bad': price beside window functions in a query with GROUP BY")
+    assert message.startswith("views.sql:3, view 'bad': v beside window functions in a query with GROUP BY")
     assert "neither grouped nor inside an aggregate; group by it or aggregate it" in message
 
 
