@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sqlglot import exp
+
 from ..errors import DbspError
 
 
@@ -21,3 +23,8 @@ class SqlError(DbspError):
 def located(file: str, line: int, view: str | None, message: str) -> SqlError:
     where = f"{file}:{line}" + (f", view {view!r}" if view else "")
     return SqlError(f"{where}: {message}")
+
+
+def construct(node: exp.Expression) -> str:
+    """``node`` as Spark SQL, whole, for a message: a refusal names what it refuses."""
+    return node.sql("spark")

@@ -17,7 +17,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from .aggregates import RECOMPUTED
-from .errors import SqlError, located
+from .errors import SqlError, construct, located
 from .grouped_windows import windows_over_groups
 from .grouping import expand_grouping_sets
 
@@ -323,7 +323,7 @@ def rows_frame(window: exp.Window) -> bool:
 
 def _window_refusal(window: exp.Window) -> str | None:
     """Why ``window`` is neither a top-k nor a window column the engine maintains, or None."""
-    text = window.sql(DIALECT)[:80]
+    text = construct(window)
     select = window.find_ancestor(exp.Select)
     if window.arg_key == "windows":
         return None  # a named window's definition: its uses are checked

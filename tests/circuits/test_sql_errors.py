@@ -99,6 +99,15 @@ def test_a_column_beside_windows_neither_grouped_nor_aggregated_is_refused_at_it
     assert "neither grouped nor inside an aggregate; group by it or aggregate it" in message
 
 
+def test_a_refusal_names_its_construct_whole():
+    window = (
+        "COLLECT_LIST(v) OVER (PARTITION BY k, v + 1, v + 2, v + 3 ORDER BY v DESC, k "
+        "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
+    )
+    message = refusal(f"CREATE MATERIALIZED VIEW bad AS SELECT k, {window} AS l FROM a;")
+    assert len(window) > 100 and f"the window function {window} (the engine maintains" in message
+
+
 def test_other_statements_are_refused():
     message = refusal("CREATE TABLE t (k int);")
     assert message.startswith("views.sql:1:") and "CREATE MATERIALIZED VIEW" in message

@@ -15,7 +15,7 @@ from sqlglot import exp
 
 from ...circuit import Circuit, Source, Stream
 from ..analyses import Analyses
-from ..errors import SqlError
+from ..errors import SqlError, construct
 from ..parse import DIALECT, View, is_top_k, one_row, read_tables
 from .grouped import _Aggregates, _is_aggregate, _nullable
 from .joins import _Joins
@@ -107,7 +107,7 @@ class _Compiler(_Joins, _Subqueries, _Aggregates, _Ordering):
             elif isinstance(node, (exp.Union, exp.Except, exp.Intersect)):
                 rel = self.set_operation(node, outer)
             else:
-                raise SqlError(f"not supported: {type(node).__name__} ({node.sql(DIALECT)[:60]})")
+                raise SqlError(f"not supported: {type(node).__name__} ({construct(node)})")
         return rel if limit is None or one_row(node) else self.limited(node, rel, sorts)
 
     @contextmanager
@@ -156,7 +156,7 @@ class _Compiler(_Joins, _Subqueries, _Aggregates, _Ordering):
             for predicate in _predicate_subqueries(e) if e is not None else []:
                 raise SqlError(
                     f"{_kind_of(predicate)} subquery in HAVING or beside aggregates is not supported: "
-                    f"{predicate.sql(DIALECT)[:80]}; test it in WHERE, or aggregate in a subquery in FROM "
+                    f"{construct(predicate)}; test it in WHERE, or aggregate in a subquery in FROM "
                     "and test it in the query that reads it",
                     node=predicate,
                 )

@@ -13,7 +13,7 @@ from sqlglot import exp
 from ... import operators as ops
 from ..aggregates import RECOMPUTED, deterministic, over_no_rows
 from ..decimals import exact_average
-from ..errors import SqlError
+from ..errors import SqlError, construct
 from ..parse import AGGREGATES, DIALECT, window_call
 from .scope import (
     Col,
@@ -39,9 +39,7 @@ class _Aggregates:
         for e in [*node.expressions, node.args.get("having")]:
             for call in _aggregate_calls(e) if e else []:
                 if _has_subquery(call):
-                    raise SqlError(
-                        f"a subquery inside an aggregate is not supported: {call.sql(DIALECT)[:80]}", node=call
-                    )
+                    raise SqlError(f"a subquery inside an aggregate is not supported: {construct(call)}", node=call)
                 calls.setdefault(self.resolve(call, scope), (self.fresh(), call))
         key_cols = [self.fresh() for _ in keys]
         grouped, values = self.grouped(rel, scope, dict(zip(key_cols, keys)), calls)
@@ -290,7 +288,7 @@ def _canonical(call: exp.Expression, values: list[tuple[str, T.DataType]]) -> st
 
 def _no_canonical(call: exp.Expression, kind: T.DataType) -> SqlError:
     return SqlError(
-        f"not supported: {call.sql(DIALECT)[:80]}, a distinct count over a {kind.simpleString()} value; "
+        f"not supported: {construct(call)}, a distinct count over a {kind.simpleString()} value; "
         "count the distinct values of its atomic fields",
         node=call,
     )

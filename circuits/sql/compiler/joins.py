@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from sqlglot import exp
 
-from ..errors import SqlError
+from ..errors import SqlError, construct
 from ..parse import DIALECT
 from ..parse import conjuncts as _conjuncts
 from .scope import Col, Rel, _atomic_keys, _columns, _correlation_refused, _has_subquery, _Scope
@@ -39,7 +39,7 @@ class _Joins:
             base = self.derived(node.this, outer)
             qualifier = node.alias or None
         else:
-            raise SqlError(f"not supported in FROM: {node.sql(DIALECT)[:60]}", node=node)
+            raise SqlError(f"not supported in FROM: {construct(node)}", node=node)
         base = base.renamed(node.alias_column_names)
         cols = [Col(qualifier, c.name, self.fresh()) for c in base.cols]
         stream = base.stream.select(*[F.col(b.internal).alias(c.internal) for b, c in zip(base.cols, cols)])

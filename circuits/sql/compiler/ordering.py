@@ -10,7 +10,7 @@ from pyspark.sql import types as T
 from sqlglot import exp
 
 from ... import operators as ops
-from ..errors import SqlError
+from ..errors import SqlError, construct
 from ..parse import DIALECT, RANKING_FUNCTIONS, one_row, rank_bound
 from .scope import Col, Rel, _has_subquery, _Scope
 
@@ -50,9 +50,7 @@ class _Ordering:
         ranks them at most ``k``, with the rank beside them; ``scope`` resolving the window
         to it.  Ties of ``ROW_NUMBER`` are taken in the order of the rows' columns."""
         if _has_subquery(window):
-            raise SqlError(
-                f"a subquery in a window's PARTITION BY or ORDER BY: {window.sql(DIALECT)[:80]}", node=window
-            )
+            raise SqlError(f"a subquery in a window's PARTITION BY or ORDER BY: {construct(window)}", node=window)
         partition = [self.resolve(p, scope) for p in window.args.get("partition_by") or []]
         order = [(self.resolve(o.this, scope), o) for o in window.args["order"].expressions]
         rank = self.fresh()

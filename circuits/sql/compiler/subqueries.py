@@ -10,7 +10,7 @@ from pyspark.sql import types as T
 from sqlglot import exp
 
 from ..aggregates import over_no_rows
-from ..errors import SqlError
+from ..errors import SqlError, construct
 from ..parse import AGGREGATES, DIALECT, one_row
 from ..parse import conjuncts as _conjuncts
 from .grouped import _canonical, _group_by, _is_aggregate, _is_call
@@ -164,8 +164,8 @@ class _Subqueries:
         if correlate is None or _group_by(query):
             where = " in HAVING or beside aggregates" if correlate is None else " with GROUP BY"
             raise SqlError(
-                f"a scalar subquery correlated by {rest[0].sql(DIALECT)[:60]}{where} is not supported: "
-                f"{subquery.sql(DIALECT)[:80]}; correlate it by equalities outer = inner only, or aggregate "
+                f"a scalar subquery correlated by {construct(rest[0])}{where} is not supported: "
+                f"{construct(subquery)}; correlate it by equalities outer = inner only, or aggregate "
                 "in a subquery in FROM and join with it there",
                 node=rest[0],
             )
@@ -176,7 +176,7 @@ class _Subqueries:
         domain_cols = [found[id(c)] for c in keys]
         if any(c not in rel.cols for c in domain_cols):
             raise SqlError(
-                f"a scalar subquery reads a column of a query further out: {subquery.sql(DIALECT)[:80]}; "
+                f"a scalar subquery reads a column of a query further out: {construct(subquery)}; "
                 "correlate it with the query it is in",
                 node=subquery,
             )
@@ -358,7 +358,7 @@ def _kind_of(predicate: exp.Expression) -> str:
 
 def _check_scalar(subquery: exp.Subquery) -> None:
     """Refuses a scalar subquery that may give several rows, or whose shape is not compiled."""
-    query, text = subquery.this, subquery.sql(DIALECT)[:80]
+    query, text = subquery.this, construct(subquery)
     if not isinstance(query, exp.Select) or not _is_aggregate(query) or query.args.get("distinct"):
         raise SqlError(
             f"a scalar subquery that is not an aggregate: {text}; Spark fails when it gives several rows, so "
@@ -376,7 +376,7 @@ def _check_scalar(subquery: exp.Subquery) -> None:
 def _scalar_item(subquery: exp.Subquery, keys: list[exp.Expression]) -> exp.Expression:
     """The scalar subquery's one value, checked: its columns outside aggregates are
     correlation keys, and it is grouped by nothing or by exactly those keys."""
-    query, text = subquery.this, subquery.sql(DIALECT)[:80]
+    query, text = subquery.this, construct(subquery)
     key_texts = sorted(k.sql(DIALECT) for k in keys)
     group = _group_by(query)
     if group and sorted(g.sql(DIALECT) for g in group) != key_texts:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 from sqlglot import exp
 
-from ..errors import SqlError
+from ..errors import SqlError, construct
 from ..parse import DIALECT
 from ..windows import order_dependent
 from .scope import Col, Rel, _Scope
@@ -34,7 +34,7 @@ def windowed(compiler: _Compiler, rel: Rel, scope: _Scope, windows: list[exp.Win
         if window.sql(DIALECT) in scalars:
             continue
         if any(isinstance(n, (exp.Subquery, exp.Exists)) for n in window.walk()):
-            raise SqlError(f"a subquery in a window function: {window.sql(DIALECT)[:80]}", node=window)
+            raise SqlError(f"a subquery in a window function: {construct(window)}", node=window)
         partition = [compiler.resolve(p, scope) for p in window.args.get("partition_by") or []]
         group = tuple(keys.setdefault(text, compiler.fresh()) for text in partition)
         value = compiler.fresh()
