@@ -13,6 +13,7 @@ checkpoint row is the commit point.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import os
 from collections.abc import Collection, Mapping, Sequence
@@ -378,7 +379,8 @@ class DeltaStateStore(StateStore):
     def relayout(self, layout: Layout, vnodes: Collection[int], since: dict[str, int] | None = None) -> Relayout:
         """Writes, without committing, every trace file that holds one of ``vnodes`` again,
         partitioned by ``layout`` (each new file holds one worker's vnodes).  With ``since``,
-        only files added after those table versions (a hot change's catch-up).  One Spark job,
+        only files added after those table versions (a hot change's catch-up), every file of
+        a table it gives no version of.  One Spark job,
         written as :meth:`compact` writes."""
         wanted = sorted(vnodes)
         parts, removed, rows, nbytes = {}, {}, 0, 0
@@ -396,6 +398,11 @@ class DeltaStateStore(StateStore):
             parts[name] = (self._uri(name), _by_owner(data, layout))
         written = write_tables(parts, self._orders, CLUSTER_ROWS, size=rows, workers=layout.workers) if parts else {}
         return Relayout(layout, dict(self._tables), written, removed, rows, nbytes)
+
+    def merged_since(self, change: Relayout) -> set[str]:
+        """The tables of which a step has merged files that ``change`` rewrote (see
+        :func:`crowded`) since it read them: its copies of those would duplicate rows."""
+        return {n for n, removed in change.removed.items() if not set(removed) <= set(paths(self._pinned(n)))}
 
     def apply_relayout(self, *changes: Relayout) -> None:
         """Commits relayouts (a hot change's copy and catch-up together): per table, the new
@@ -476,6 +483,15 @@ class Relayout:
     removed: dict[str, list[str]]  # per table, the files the new ones replace
     rows: int
     bytes: int
+
+    def without(self, tables: Collection[str]) -> Relayout:
+        """This relayout but for ``tables``: their files are written again from scratch."""
+        return dataclasses.replace(
+            self,
+            versions={n: v for n, v in self.versions.items() if n not in tables},
+            written={n: w for n, w in self.written.items() if n not in tables},
+            removed={n: r for n, r in self.removed.items() if n not in tables},
+        )
 
 
 def may_hold(adds: pa.Table, keys: Mapping[str, pa.Array]) -> list[bool]:

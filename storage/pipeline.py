@@ -354,8 +354,10 @@ class Pipeline:
         if self.layout() != plan.before:
             raise StaleWriterError("the layout changed since this rescale was prepared; prepare it again")
         moved = layouts.moved(plan.before, plan.after)
-        catch_up = self.state.relayout(plan.after, moved, since=plan.copy.versions)
-        self.state.apply_relayout(plan.copy, catch_up)
+        # A table whose copied files a step has merged since is rewritten whole here.
+        copy = plan.copy.without(self.state.merged_since(plan.copy))
+        catch_up = self.state.relayout(plan.after, moved, since=copy.versions)
+        self.state.apply_relayout(copy, catch_up)
         self.state.commit()
         failpoint("after_relayout", self.state.get_step())
         return RescaleReport(

@@ -88,6 +88,15 @@ def test_a_hot_change_copies_while_steps_run_and_pauses_only_to_switch(spark, tm
 
 
 @pytest.mark.slow
+def test_a_hot_change_over_steps_that_merge_the_files_it_copied_moves_each_row_once(
+    spark, tmp_path, reference, monkeypatch
+):
+    monkeypatch.setattr(database, "COMPACT_FILES", 1)  # every step merges the traces it adds to
+    pipeline = run_with_rescales(spark, str(tmp_path / "p"), 4, {2: (5, "fixed")}, hot=True)
+    assert output_log(pipeline, STEPS) == reference
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, lands_on", [("during_relayout", "old"), ("after_relayout", "new")])
 def test_a_crash_during_a_layout_change_recovers_at_the_old_or_the_new_layout(
     spark, tmp_path, reference, monkeypatch, fault, lands_on
