@@ -413,16 +413,29 @@ def _limit_refusal(query: exp.Query, top: bool) -> str | None:
     if query.args.get("order") is None:
         if one_row(query):
             return None
-        return "LIMIT without ORDER BY (which rows it keeps is not a function of the rows, unless there is one: a global aggregate)"
+        return (
+            "LIMIT without ORDER BY (which rows it keeps is not a function of the rows, unless there is at most one: "
+            "a global aggregate, or such tables side by side)"
+        )
     if top:
         return None
     return f"ORDER BY ... LIMIT inside a query (a top-k is the view's own ORDER BY ... LIMIT k, or {_TOP_K_SHAPE})"
 
 
 def one_row(query: exp.Expression) -> bool:
-    """``query`` has at most one row: a global aggregate (a SELECT of aggregates and no
-    ``GROUP BY``), whose ``LIMIT k`` changes nothing."""
-    return isinstance(query, exp.Select) and query.args.get("group") is None and _aggregated(query)
+    """``query`` has at most one row, so that its ``LIMIT k`` changes nothing: a global
+    aggregate (a SELECT of aggregates and no ``GROUP BY``), or a SELECT without
+    ``GROUP BY`` over derived tables of at most one row each, joined other than by a
+    ``FULL`` join (TPC-DS q28's six global aggregates side by side)."""
+    if not isinstance(query, exp.Select) or query.args.get("group") is not None:
+        return False
+    if _aggregated(query):
+        return True
+    joins = query.args.get("joins") or []
+    source = query.args.get("from_")
+    tables = [source.this] if source is not None else []
+    tables += [j.this for j in joins if str(j.args.get("side") or "").upper() != "FULL"]
+    return len(tables) == 1 + len(joins) and all(isinstance(t, exp.Subquery) and one_row(t.this) for t in tables)
 
 
 def conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:

@@ -1,7 +1,7 @@
 """Top-k views compiled from SQL (``ROW_NUMBER()``/``RANK()``/``DENSE_RANK() OVER (...)``
 bounded in the enclosing query, and a view's own ``ORDER BY ... LIMIT``, ordered by its
-columns, an aggregate or what it does not select; a ``LIMIT`` over one row, an ``ORDER BY``
-alone) equal Spark
+columns, an aggregate or what it does not select; a ``LIMIT`` over one row, also of one-row
+tables side by side, an ``ORDER BY`` alone) equal Spark
 batch SQL of the same text over the integrated inputs at every step (hypothesis), at 1,
 2 and 4 workers, in memory and durably across a restart.
 
@@ -51,6 +51,9 @@ CREATE MATERIALIZED VIEW by_aggregate AS
 CREATE MATERIALIZED VIEW by_unselected AS SELECT k, s FROM a ORDER BY v % 3, substr(s, 1, 1) DESC LIMIT 3;
 CREATE MATERIALIZED VIEW by_original_name AS SELECT k AS key, v + 1 AS w FROM a ORDER BY a.k DESC, w LIMIT 2;
 CREATE MATERIALIZED VIEW one_row AS SELECT count(*) AS n, max(v) AS top FROM a LIMIT 1;
+CREATE MATERIALIZED VIEW side_by_side AS
+  SELECT * FROM (SELECT count(*) AS n, max(v) AS top FROM a) x,
+                (SELECT count(DISTINCT x) AS xs, avg(x) AS mean FROM b WHERE k > 0) y LIMIT 5;
 CREATE MATERIALIZED VIEW unordered AS SELECT k, v FROM a WHERE v > 1 ORDER BY v;
 CREATE TEMPORARY VIEW leaders AS
   SELECT k, v FROM (SELECT k, v, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v) AS rn FROM a) WHERE rn = 1;
