@@ -9,6 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sqlglot import exp
 
 from .aggregates import ORDER_DEPENDENT, with_deterministic_aggregates
+from .grouped_windows import groups_columns, over_groups
 from .parse import DIALECT, parse_views, views_read
 from .windows import order_dependent
 
@@ -54,7 +55,7 @@ def tie_broken(query: str, columns: int) -> str:
     ties made explicit, so that Spark batch SQL of it gives the one answer the engine
     maintains (of those Spark may give): the order of each window whose value depends on
     the order of tied rows (see :mod:`circuits.sql.windows`) ends with the rows' columns
-    (``struct(*)``), the view's own ``ORDER BY ... LIMIT`` with its columns, by
+    (``struct(*)``; over a query's groups, its grouping expressions and aggregate calls), the view's own ``ORDER BY ... LIMIT`` with its columns, by
     position, and each aggregate whose value depends on the order of the rows (``max_by``,
     ``collect_list``, ...) is the engine's (see :mod:`circuits.sql.aggregates`).  A query
     with none of them is returned as it is."""
@@ -67,7 +68,12 @@ def tie_broken(query: str, columns: int) -> str:
     for window in windows:
         if window.args.get("order") is None:
             window.set("order", exp.Order(expressions=[]))
-        window.args["order"].append("expressions", exp.Ordered(this=exp.func("struct", exp.Star()), nulls_first=True))
+        groups = over_groups(window)
+        ties = (
+            [e.copy() for part in groups_columns(groups) for e in part] if groups else [exp.func("struct", exp.Star())]
+        )
+        for tie in ties:
+            window.args["order"].append("expressions", exp.Ordered(this=tie, nulls_first=True))
     if tree.args.get("limit") and tree.args.get("order"):
         for position in range(1, columns + 1):
             tree.args["order"].append("expressions", exp.Ordered(this=exp.Literal.number(position), nulls_first=True))

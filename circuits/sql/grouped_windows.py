@@ -57,16 +57,32 @@ def _after_aggregate(select: exp.Select) -> list[exp.Expression]:
     return parts
 
 
+def groups_columns(select: exp.Select) -> tuple[list[exp.Expression], list[exp.Expression]]:
+    """What a window over ``select``'s groups reads of each group, as the columns of the
+    subquery it is rewritten over, in their order: the grouping expressions, then the
+    aggregate calls (each once).  A window whose value depends on the order of tied rows
+    takes them in this order after its own (see :mod:`circuits.sql.windows`)."""
+    keys = _grouping_sets(select)[0] if select.args.get("group") else []
+    calls: dict[str, exp.Expression] = {}
+    for e in _after_aggregate(select):
+        for call in _calls(e):
+            calls.setdefault(_key(call), call)
+    return keys, list(calls.values())
+
+
+def over_groups(window: exp.Window) -> exp.Select | None:
+    """The query whose groups ``window`` runs over, if it is in one that groups."""
+    select = window.find_ancestor(exp.Select)
+    return select if select is not None and _groups(select) else None
+
+
 def _over_groups(select: exp.Select) -> exp.Select:
     inner = select.copy()
     for arg in ("qualify", "order", "limit", "distinct", "with_"):
         inner.set(arg, None)
-    keys = _grouping_sets(select)[0] if select.args.get("group") else []
+    keys, found = groups_columns(select)
     grouped = {_key(k): (k, f"_dbsp_g{i}") for i, k in enumerate(keys)}
-    calls: dict[str, tuple[exp.Expression, str]] = {}
-    for e in _after_aggregate(select):
-        for call in _calls(e):
-            calls.setdefault(_key(call), (call, f"_dbsp_a{len(calls)}"))
+    calls = {_key(c): (c, f"_dbsp_a{i}") for i, c in enumerate(found)}
     inner.set(
         "expressions",
         [exp.alias_(e.copy(), name, quoted=True) for e, name in [*grouped.values(), *calls.values()]],

@@ -5,7 +5,8 @@ Which row comes first among rows equal under a window's ``ORDER BY`` is Spark's 
 and some functions' values depend on it: ``ROW_NUMBER``, ``NTILE``, ``LAG``, ``LEAD`` and
 every function over a ``ROWS`` frame.  Their order is made total by the FROM's columns
 (``struct(*)``: each column ascending, nulls first), after the window's own order, as the
-top-k's ``ROW_NUMBER``; the oracle (:func:`circuits.sql.batch.tie_broken`) appends the
+top-k's ``ROW_NUMBER``; over a query's groups, by its grouping expressions and aggregate
+calls (:func:`circuits.sql.grouped_windows.groups_columns`); the oracle (:func:`circuits.sql.batch.tie_broken`) appends the
 same.  The other functions' values do not depend on it (ranks and ``RANGE`` frames take
 tied rows together), but for ``FIRST_VALUE``/``LAST_VALUE``/``NTH_VALUE``, which are
 refused over a ``RANGE`` frame (see :mod:`circuits.sql.parse`).

@@ -52,7 +52,9 @@ CREATE MATERIALIZED VIEW joined AS
 CREATE MATERIALIZED VIEW over_groups AS
   SELECT k, count(*) AS n, sum(v) AS total,
          rank() OVER (ORDER BY count(*) DESC) AS place,
-         sum(sum(v)) OVER (PARTITION BY a.k % 2) AS half_total
+         sum(sum(v)) OVER (PARTITION BY a.k % 2) AS half_total,
+         row_number() OVER (ORDER BY count(*)) AS nth,
+         sum(count(*)) OVER (ORDER BY max(s) ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS seen
   FROM a GROUP BY k
   HAVING count(*) > 0
   QUALIFY place <= 3 OR total IS NULL;
