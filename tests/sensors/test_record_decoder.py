@@ -118,10 +118,11 @@ def test_the_jvm_takes_valid_records_of_plain_columns(spark):
         b'"name": "\\u00e9\\ud83d\\ude00", "p": null}',
         b' {"p": null, "name": "", "b": false, "f": -3, "d": 2, "t": 0, "s": -0, "i": 7, "l": 1, "extra": [{"x": 1}]}\n',
         b'{"l": null, "i": null, "s": null, "t": null, "d": null, "f": null, "b": null, "name": null, "p": null, "_weight": -2}',
+        b'{"l":-0,"i":12,"s":-7,"t":0,"d":-1.5e-3,"f":null,"b":false,"name":"plain ascii","p":null,"_weight":3}',
     ]
     rows = compared(spark, valid)
     assert [jvm is not None for jvm, *_ in rows] == [True] * len(valid)
-    assert [jvm[WEIGHT] for jvm, *_ in rows] == [1, 1, -2]
+    assert [jvm[WEIGHT] for jvm, *_ in rows] == [1, 1, -2, 3]
     # What only Python can judge is left to it: a decimal's value, a duplicate key, text after the object.
     left = [b'{"l": 1, "i": 1, "s": 1, "t": 1, "d": 1, "f": 1, "b": true, "name": "x", "p": 1.5}']
     left += [

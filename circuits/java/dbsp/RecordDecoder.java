@@ -4,6 +4,7 @@ import com.fasterxml.jackson.core.JsonFactory;
 import com.fasterxml.jackson.core.JsonParser;
 import com.fasterxml.jackson.core.JsonToken;
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
@@ -32,6 +33,9 @@ import org.apache.spark.sql.api.java.UDF2;
  * UTF-16 units; registered with the return type of those columns followed by {@code _weight
  * bigint}.  The schema is short because Spark passes it as a new string with every record,
  * which the decoder looks up.
+ *
+ * <p>Most values never reach Jackson: {@link FlatScanner} reads a flat object of plain
+ * values in one pass over its bytes and hands Jackson only what it is not sure of.
  */
 public final class RecordDecoder implements UDF2<byte[], String, Row> {
     private static final long serialVersionUID = 1L;
@@ -41,17 +45,27 @@ public final class RecordDecoder implements UDF2<byte[], String, Row> {
     private static final JsonFactory JSON = new JsonFactory();
     private static final ConcurrentHashMap<String, Column[]> SCHEMAS = new ConcurrentHashMap<>();
 
-    private enum Kind { LONG, INT, SHORT, BYTE, DOUBLE, FLOAT, STRING, BOOLEAN, OTHER }
+    enum Kind { LONG, INT, SHORT, BYTE, DOUBLE, FLOAT, STRING, BOOLEAN, OTHER }
 
-    private record Column(String name, Kind kind) {}
+    /** A column: its name, and the name's UTF-8 bytes, which {@link FlatScanner} matches keys with. */
+    record Column(String name, byte[] key, Kind kind) {
+        Column(String name, Kind kind) {
+            this(name, name.getBytes(StandardCharsets.UTF_8), kind);
+        }
+    }
 
     @Override
     public Row call(byte[] value, String schema) {
         if (value == null) {
             return null;
         }
+        Column[] columns = SCHEMAS.computeIfAbsent(schema, RecordDecoder::columns);
+        Object[] row = FlatScanner.scan(value, columns);
+        if (row != null) {
+            return RowFactory.create(row);
+        }
         try {
-            return decode(value, SCHEMAS.computeIfAbsent(schema, RecordDecoder::columns));
+            return decode(value, columns);
         } catch (IOException e) {
             // Malformed JSON, invalid UTF-8, a number out of Jackson's limits: the Python
             // decoder names the reason.
