@@ -145,24 +145,6 @@ def test_the_demo_shows_progress_a_line_per_step_and_logs_the_rest(tmp_path, dem
     assert all(line in text for line in steps)
 
 
-@pytest.mark.slow
-def test_the_demo_prints_plain_lines_when_not_on_a_terminal(tmp_path, demo_env, spark_resource):
-    config = demo_config(tmp_path, spark_resource, "plain")
-    done = subprocess.run(
-        [DBSP, "--config", str(config), "demo", "--steps", "1", "--events-per-step", "100"],
-        env=demo_env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "\x1b" not in done.stdout and "\r" not in done.stdout and done.stderr == ""
-    assert [line for line in done.stdout.splitlines() if line.startswith("step ")][0].startswith(
-        "step 0: events 0..100"
-    )
-
-
 VIEWS = """\
 CREATE TEMPORARY VIEW priced AS SELECT b.price, a.category FROM bids b JOIN auctions a ON b.auction = a.id;
 CREATE MATERIALIZED VIEW revenue AS SELECT category, sum(price) AS revenue, count(*) AS bids FROM priced GROUP BY category;
@@ -172,7 +154,9 @@ CREATE MATERIALIZED VIEW sellers AS SELECT DISTINCT p.state FROM persons p JOIN 
 
 
 @pytest.mark.slow
-def test_the_demo_runs_the_views_of_a_sql_file_and_checks_each(tmp_path, demo_env, spark_resource):
+def test_the_demo_runs_the_views_of_a_sql_file_checks_each_and_prints_plain_lines_off_a_terminal(
+    tmp_path, demo_env, spark_resource
+):
     config = demo_config(tmp_path, spark_resource, "sqldemo")
     (tmp_path / "mine.sql").write_text(VIEWS)
     # This tree's CLI (the installed `dbsp` may be another checkout's).
@@ -186,7 +170,10 @@ def test_the_demo_runs_the_views_of_a_sql_file_and_checks_each(tmp_path, demo_en
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    # Not on a terminal: plain lines, no live line redrawn, nothing on stderr.
+    assert "\x1b" not in done.stdout and "\r" not in done.stdout and done.stderr == ""
     lines = done.stdout.splitlines()
+    assert [line for line in lines if line.startswith("step ")][0].startswith("step 0: events 0..200"), lines
     assert [line for line in lines if " equals Spark batch SQL: " in line] == [
         f"{view} equals Spark batch SQL: yes" for view in ("revenue", "busy", "sellers")
     ], lines
