@@ -20,6 +20,7 @@ from .aggregates import RECOMPUTED
 from .errors import SqlError, construct, located
 from .grouped_windows import windows_over_groups
 from .grouping import expand_grouping_sets
+from .single_values import single_values
 
 DIALECT = "spark"
 log = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ def _view(statement: str, line: int, file: str) -> View:
     starts = statement.count("\n", 0, statement.index(body)) + 1 if head else line
     query = query.transform(_other_name, copy=False)
     try:
-        query = expand_grouping_sets(windows_over_groups(query))
+        query = expand_grouping_sets(windows_over_groups(single_values(query)))
     except SqlError as e:
         raise located(file, _line_of(statement, e.node, line), create.this.name, str(e)) from e
     view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body, starts)

@@ -167,7 +167,7 @@ def test_compiler_refusals_name_the_construct_seen_and_its_line(spark):
         spark, "SELECT k, count(*) AS n,\n  EXISTS (SELECT 1 FROM b WHERE b.k = a.k) AS e FROM a GROUP BY k"
     )
     assert message.startswith("views.sql:4, view 'bad': EXISTS subquery in HAVING or beside aggregates"), message
-    message = compile_refusal(spark, "SELECT k FROM a\nWHERE v > (SELECT x\n  FROM b)")
+    message = compile_refusal(spark, "SELECT k FROM a\nWHERE v > (SELECT m\n  FROM (SELECT x AS m FROM b) t)")
     assert message.startswith("views.sql:4, view 'bad': a scalar subquery that is not an aggregate")
 
 

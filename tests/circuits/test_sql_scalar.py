@@ -2,7 +2,8 @@
 integrated inputs at every step (hypothesis), at 1 and 2 workers: uncorrelated ones (a
 one-row global aggregate joined to every row) and ones correlated on equalities (an
 aggregate grouped by the correlation key, left-joined on it), in WHERE, in the select list
-and in HAVING, in the shapes of TPC-H q11, q15, q17, q20 and q22."""
+and in HAVING, in the shapes of TPC-H q11, q15, q17, q20 and q22; and ones of no aggregate
+(``SELECT DISTINCT x ...``), Spark's single value: NULL over no rows, an error over more."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from circuits.sql import SqlError, compile_sql, parse_views
 
 from .harness import SQL_SCHEMAS as SCHEMAS
-from .harness import equal_to_spark_batch_sql, run_and_compare, spark_batch, sql_views
+from .harness import batch_integrals, equal_to_spark_batch_sql, run_and_compare, spark_batch, sql_views
 
 VIEWS = """
 CREATE MATERIALIZED VIEW above_average AS SELECT k, v FROM a WHERE v > (SELECT avg(x) FROM b);
@@ -35,6 +36,10 @@ CREATE MATERIALIZED VIEW q17_correlated_avg AS
   SELECT sum(v) AS total FROM a WHERE v < (SELECT 2 * avg(x) FROM b WHERE b.k = a.k);
 CREATE MATERIALIZED VIEW q20_nested AS
   SELECT k, s FROM a WHERE k IN (SELECT b.k FROM b WHERE b.x > (SELECT count(*) FROM a a2 WHERE a2.k = b.k));
+CREATE MATERIALIZED VIEW single_distinct AS
+  SELECT k, v FROM a WHERE v >= (SELECT DISTINCT x FROM b WHERE x = 2);
+CREATE MATERIALIZED VIEW single_correlated AS
+  SELECT k, s, (SELECT DISTINCT b.k + 1 FROM b WHERE b.k = a.k AND b.x > 1) AS next FROM a;
 CREATE MATERIALIZED VIEW q22_in_or AS
   SELECT k, v FROM (SELECT k, v FROM a WHERE v IS NULL OR v > (SELECT avg(v) FROM a WHERE v > 0)) t;
 """
@@ -66,10 +71,44 @@ def test_scalar_subqueries_over_no_rows(spark, circuit):
     run_and_compare(spark, circuit, steps, 1, expected)
 
 
+def test_a_scalar_subquery_of_no_aggregate_is_its_one_row_and_fails_the_step_that_gives_it_two(spark):
+    """TPC-DS q58's shape: ``(SELECT x FROM b WHERE ...)`` is the value of its one row, NULL
+    over none, as in Spark; the step that leaves it two rows fails naming it, as Spark's
+    batch query over those rows does."""
+    text = """CREATE MATERIALIZED VIEW priced AS
+      SELECT k, v, (SELECT x FROM b WHERE d = 2.25) AS x FROM a WHERE v <= (SELECT x FROM b WHERE d = 2.25);
+    CREATE MATERIALIZED VIEW labelled AS SELECT k, (SELECT x FROM b WHERE d = 2.25) AS x FROM a;"""
+    views = parse_views(text)
+    circuit = compile_sql(text, SCHEMAS, spark)
+    steps = [
+        {"a": [(1, 2, "a", 1), (2, 5, "b", 1)], "b": [(1, 3, 2.25, 1), (2, 9, 0.0, 1)]},
+        {"a": [(3, 3, None, 1)], "b": [(1, 3, 2.25, -1)]},
+        {"a": [], "b": [(4, 4, 2.25, 1)]},
+        {"a": [], "b": [(5, 1, 2.25, 1)]},
+    ]
+    assert spark_batch(spark, views, {"a": {(1, 2, "a"): 1}, "b": {(4, 4, 2.25): 1}})["labelled"] == {(1, 4): 1}
+    oracle, compared = batch_integrals(spark, text), []
+
+    def expected(t, deltas, integrated):
+        compared.append(t)
+        return oracle(t, deltas, integrated)
+
+    with pytest.raises(Exception) as raised:
+        run_and_compare(spark, circuit, steps, 2, expected)
+    assert "(SELECT x FROM b WHERE d = 2.25) gave more than one row" in str(raised.value), raised.value
+    assert compared == [0, 1, 2]  # equal to Spark's batch query until the fourth step fails
+    with pytest.raises(Exception) as spark_too:
+        spark_batch(spark, views, {"a": {(1, 2, "a"): 1}, "b": {(4, 4, 2.25): 1, (5, 1, 2.25): 1}})
+    assert "SCALAR_SUBQUERY_TOO_MANY_ROWS" in str(spark_too.value)
+
+
 @pytest.mark.parametrize(
     "query, cause",
     [
-        ("SELECT k, v FROM a WHERE v > (SELECT x FROM b)", "a scalar subquery that is not an aggregate"),
+        (
+            "SELECT k, v FROM a WHERE v > (SELECT m FROM (SELECT x AS m FROM b) t)",
+            "a scalar subquery that is not an aggregate",
+        ),
         (
             "SELECT k, v FROM a WHERE v > (SELECT max(x) FROM b WHERE b.k = a.k GROUP BY b.x)",
             "grouped by other columns than it correlates on",
