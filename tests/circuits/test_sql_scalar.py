@@ -137,3 +137,21 @@ def test_scalar_subqueries_that_may_give_several_rows_or_are_not_decorrelated_ar
         compile_sql(text, SCHEMAS, spark, file="views.sql")
     message = str(raised.value)
     assert message.startswith("views.sql:4, view 'bad': ") and cause in message, message
+
+
+@pytest.mark.parametrize(
+    "query, rewritten",
+    [
+        ("SELECT k FROM a WHERE v = (SELECT x FROM b WHERE d = 1)", True),
+        ("SELECT k, (SELECT DISTINCT b.x AS y FROM b WHERE b.k = a.k) AS y FROM a", True),
+        ("SELECT k FROM a WHERE v = (SELECT max(x) FROM b)", False),
+        ("SELECT k FROM a WHERE v IN (SELECT x FROM b)", False),
+        ("SELECT k FROM (SELECT k FROM a) t", False),
+        ("SELECT k FROM a WHERE v = (SELECT m FROM (SELECT max(x) AS m FROM b) t)", False),
+        ("SELECT k FROM a WHERE v = (SELECT x FROM b GROUP BY x)", False),
+        ("SELECT k FROM a WHERE v = (SELECT a.v FROM b WHERE b.k = a.k)", False),
+    ],
+)
+def test_only_a_plain_scalar_subquery_of_no_aggregate_becomes_its_single_value(query, rewritten):
+    text = parse_views(f"CREATE MATERIALIZED VIEW q AS {query};")[0].query.sql("spark")
+    assert ("RAISE_ERROR" in text) == rewritten, text
