@@ -94,7 +94,7 @@ def test_a_scalar_subquery_of_no_aggregate_is_its_one_row_and_fails_the_step_tha
         return oracle(t, deltas, integrated)
 
     with pytest.raises(Exception) as raised:
-        run_and_compare(spark, circuit, steps, 2, expected)
+        run_and_compare(spark, circuit, steps, 1, expected)
     assert "(SELECT x FROM b WHERE d = 2.25) gave more than one row" in str(raised.value), raised.value
     assert compared == [0, 1, 2]  # equal to Spark's batch query until the fourth step fails
     with pytest.raises(Exception) as spark_too:
