@@ -195,6 +195,12 @@ class PipelineSpec(BaseModel):
         """The source (``delta:<path>``) of each input read from a Delta table."""
         return {h: s for h, s in self.sources.items() if s.startswith(DELTA)}
 
+    @property
+    def sensor_name(self) -> str:
+        """The Dagster sensor that cuts the pipeline's steps, named for what it watches: its
+        topics' end offsets, or, when every input is a Delta table, the tables' versions."""
+        return f"{self.name}_delta_versions" if self.tables and not self.topics else f"{self.name}_kafka_offsets"
+
     @field_validator("sinks", mode="before")
     @classmethod
     def _sink_names(cls, sinks: object) -> object:

@@ -140,7 +140,7 @@ def run_demo(
     root = store.pipeline_root(spec.name)
     if reset:
         shutil.rmtree(root, ignore_errors=True)
-    sensor = defs.resolve_sensor_def(f"{spec.name}_kafka_offsets")
+    sensor = defs.resolve_sensor_def(spec.sensor_name)
     step_job = defs.resolve_job_def(f"{spec.name}_step_job")
     with progress.phase(_kafka_phase(kafka)):
         source = kafka.source(spec).kafka

@@ -318,7 +318,7 @@ def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, 
     policy = DivisionPolicy(spec.max_records_per_step, spec.max_wait_seconds)
 
     @sensor(
-        name=f"{spec.name}_kafka_offsets",
+        name=spec.sensor_name,
         job=step_job,
         minimum_interval_seconds=spec.sensor_interval_seconds,
         default_status=DefaultSensorStatus.RUNNING if spec.sensor_running else DefaultSensorStatus.STOPPED,

@@ -191,6 +191,13 @@ def test_a_delta_table_source_is_its_path_made_absolute(tmp_path):
     assert spec.tables == {"a": f"delta:{tmp_path}/tables/a"} and spec.topics == {}
 
 
+def test_the_sensor_is_named_for_what_it_watches(tmp_path):
+    """Tables only: their versions; a topic among the inputs: the topics' offsets."""
+    for sources, name in (({"a": "delta:a"}, "p_delta_versions"), ({"a": "delta:a", "b": "b"}, "p_kafka_offsets")):
+        spec = parse_project(_delta_project(tmp_path, sources), "dbsp.yaml", base=str(tmp_path)).pipelines[0]
+        assert spec.sensor_name == name
+
+
 @pytest.mark.parametrize(
     "source, named",
     [

@@ -37,7 +37,7 @@ def test_the_sensor_cuts_a_delta_tables_versions_into_steps_whose_runs_equal_spa
     settings["resources"]["spark"] = spark_resource
     project = parse_project(settings, "dbsp.yaml", base=str(tmp_path))
     spec, defs = project.pipelines[0], build_definitions(project)
-    sensor, job = defs.resolve_sensor_def("dp_kafka_offsets"), defs.resolve_job_def("dp_step_job")
+    sensor, job = defs.resolve_sensor_def("dp_delta_versions"), defs.resolve_job_def("dp_step_job")
     root = defs.resources["store"].pipeline_root("dp")
     rounds = [
         ["INSERT INTO {t} VALUES (1, 1), (2, 2)"],
