@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import sqlglot
@@ -194,11 +196,7 @@ def _view(statement: str, line: int, file: str) -> View:
             f"{head!r}: only CREATE MATERIALIZED VIEW name AS SELECT ... and CREATE TEMPORARY VIEW name AS "
             "SELECT ... are supported in a views file",
         )
-    try:
-        create = sqlglot.parse_one(statement, read=DIALECT)
-    except ParseError as e:
-        first = e.errors[0] if e.errors else {}
-        raise located(file, first.get("line") or line, None, f"syntax error: {first.get('description', e)}") from e
+    create = _parsed(statement, line, file)
     query = create.expression
     if not isinstance(create, exp.Create) or create.kind != "VIEW" or not isinstance(query, exp.Query):
         raise located(
@@ -215,6 +213,44 @@ def _view(statement: str, line: int, file: str) -> View:
     view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body, starts)
     _refuse_unsupported(view, statement)
     return view
+
+
+def _parsed(statement: str, line: int, file: str) -> exp.Expression:
+    """The statement's syntax tree.  A syntax error names the line of the token sqlglot
+    stopped at: where it gives up on a whole ``CREATE`` (and falls back to a bare command,
+    with a warning of its own, kept off stderr), the query after ``AS`` is parsed alone
+    (the head blanked, so lines stay the file's) to find it."""
+    with _quiet(logging.getLogger("sqlglot")):
+        try:
+            create = sqlglot.parse_one(statement, read=DIALECT)
+            head = _HEAD.match(statement)
+            if isinstance(create, exp.Command) and head:
+                sqlglot.parse_one(
+                    re.sub(r"[^\n]", " ", statement[: head.end()]) + statement[head.end() :], read=DIALECT
+                )
+        except ParseError as e:
+            first = e.errors[0] if e.errors else {}
+            near = f" at {first['highlight']!r} (column {first.get('col')})" if first.get("highlight") else ""
+            message = f"syntax error: {first.get('description', e)}{near}"
+            raise located(file, first.get("line") or line, None, message) from e
+    return create
+
+
+class _Dropped(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    """``logger``'s records dropped meanwhile: sqlglot warns (through Python's last-resort
+    handler, to stderr) of what the caller turns into its own error."""
+    dropped = _Dropped()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 def _refuse_unsupported(view: View, statement: str) -> None:

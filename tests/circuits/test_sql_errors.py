@@ -120,6 +120,16 @@ def test_a_syntax_error_names_its_line():
     assert message.startswith("views.sql:3") and "syntax error" in message
 
 
+def test_a_syntax_error_in_a_query_names_the_line_of_its_token_and_sqlglot_stays_quiet(capfd):
+    """sqlglot gives up on the whole CREATE (a bare command, with a warning to stderr): the
+    query is parsed alone to find the token."""
+    message = refusal(
+        "CREATE MATERIALIZED VIEW a AS SELECT k FROM t;\n\nCREATE MATERIALIZED VIEW b AS\n  SELECT k,\n    v +* 2\n  FROM t;"
+    )
+    assert message.startswith("views.sql:5: syntax error:") and "at '2' (column" in message, message
+    assert capfd.readouterr().err == ""
+
+
 def test_two_views_of_one_name_are_refused():
     message = refusal("CREATE MATERIALIZED VIEW v AS SELECT k FROM t;\nCREATE TEMPORARY VIEW V AS SELECT k FROM u;")
     assert message.startswith("views.sql:2, view 'V'") and "line 1" in message

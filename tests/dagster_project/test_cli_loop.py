@@ -122,9 +122,9 @@ def test_check_finds_each_error_of_a_new_users_pipeline_before_any_step(tmp_path
     assert "INTEGR" in error(f"{config}:{line_of(yaml_file, 'qty INTEGR')}: pipelines.1.schemas.orders: ")
     comma = error(f"{config}:{line_of(yaml_file, 'name STRING country')}: pipelines.2.schemas.customers: ")
     assert "'name STRING country STRING' is two columns: a comma is missing" in comma
-    # Every statement that does not parse, not only the first.
-    for view in ("by_country", "spend"):
-        assert "syntax error" in error(f"{syntax}:{line_of(syntax, f'VIEW {view} ')}: ")
+    # Every statement that does not parse, not only the first, at the line of the token met.
+    for token in ("GROUP c.country", "SELEC customer_id"):
+        assert "syntax error" in error(f"{syntax}:{line_of(syntax, token)}: ")
     assert not (tmp_path / "store").exists()
 
     (tmp_path / "shop.sql").write_text(SHOP_SQL)

@@ -70,7 +70,7 @@ def test_the_built_in_demo_pipeline_is_the_nexmark_sql_file(monkeypatch, tmp_pat
         (
             VIEWS.replace("FROM priced GROUP", "FROM priced GRUP BY"),
             {},
-            ["pipelines.0.sql", "views.sql:5", "syntax error"],
+            ["pipelines.0.sql", "views.sql:6", "syntax error"],
         ),
         (
             VIEWS.replace("FROM revenue WHERE", "FROM revenu WHERE"),
