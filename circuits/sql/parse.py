@@ -448,15 +448,25 @@ def _limit_refusal(query: exp.Query, top: bool) -> str | None:
         what = "LIMIT" if count is None else f"LIMIT {count.sql(DIALECT)}"
         return f"{what} (only LIMIT k with k a positive integer, no OFFSET)"
     if query.args.get("order") is None:
-        if one_row(query):
+        if one_row(query) or (top and constant_rows(query)):
             return None
         return (
             "LIMIT without ORDER BY (which rows it keeps is not a function of the rows, unless there is at most one: "
-            "a global aggregate, or such tables side by side)"
+            "a global aggregate, or such tables side by side; or its rows are all alike: a select list of literals)"
         )
     if top:
         return None
     return f"ORDER BY ... LIMIT inside a query (a top-k is the view's own ORDER BY ... LIMIT k, or {_TOP_K_SHAPE})"
+
+
+def constant_rows(query: exp.Expression) -> bool:
+    """Every row of ``query`` is the same row: its select list is of literals only
+    (``SELECT 1 AS x FROM ... LIMIT 100``, Spark's TPC-DS q32), so which ``k`` rows a
+    ``LIMIT k`` keeps is no choice: ``min(k, n)`` copies of that row."""
+    if not isinstance(query, exp.Select) or not query.expressions:
+        return False
+    varying = (exp.Column, exp.Func, exp.Subquery, exp.Star, exp.Window)
+    return not any(isinstance(n, varying) for item in query.expressions for n in item.unalias().walk())
 
 
 def one_row(query: exp.Expression) -> bool:

@@ -113,3 +113,16 @@ def test_the_oracle_breaks_ties_as_the_engine_does(spark):
     spark.createDataFrame([(1, 5, "b"), (1, 5, None), (1, 5, "a")], SCHEMAS["a"]).createOrReplaceTempView("a")
     text = "SELECT s FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v) AS rn FROM a) WHERE rn <= 2"
     assert Counter(r.s for r in spark.sql(tie_broken(text, 1)).collect()) == Counter([None, "a"])
+
+
+def test_a_limit_over_rows_all_alike_keeps_that_many_of_them(spark):
+    """Spark's TPC-DS q32 as Spark runs it: ``SELECT 1 ... LIMIT 100`` has no ORDER BY, but
+    its rows are all the same row, so ``LIMIT k`` keeps ``min(k, n)`` of them, whichever."""
+    text = "CREATE MATERIALIZED VIEW ones AS SELECT 1 AS one, 'x' AS x FROM a JOIN b ON a.k = b.k LIMIT 3;"
+    circuit = compile_sql(text, SCHEMAS, spark)
+    steps = [
+        {"a": [(1, 2, "a", 2), (2, 5, "b", 1)], "b": [(1, 3, 1.5, 1), (2, 9, 0.0, 1)]},
+        {"a": [(1, 7, None, 1)], "b": [(1, 4, None, 1)]},
+        {"a": [(1, 2, "a", -2), (1, 7, None, -1)], "b": []},
+    ]
+    harness.run_and_compare(spark, circuit, steps, 2, harness.batch_integrals(spark, text))

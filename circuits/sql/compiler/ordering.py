@@ -20,7 +20,8 @@ class _Ordering:
 
     def limited(self, node: exp.Query, rel: Rel, hidden: list[exp.Expression]) -> Rel:
         """A query's ``ORDER BY o LIMIT k`` (the parser allows it on a view's own query
-        only): a global top-k of its rows, ties taken in the order of all their columns.
+        only, and ``LIMIT k`` alone over rows all alike): a global top-k of its rows, ties
+        taken in the order of all their columns.
         An item of ``o`` that is a position or reads only the select list's names is
         computed over the select list's columns; the ``hidden`` others (of
         :func:`_hidden_sorts`) were added to the select list as its last columns, dropped
@@ -28,7 +29,9 @@ class _Ordering:
         shown = rel.cols[: len(rel.cols) - len(hidden)]
         scope, added = _Scope([Col(None, c.name, c.internal) for c in shown]), iter(rel.cols[len(shown) :])
         order = []
-        for item in node.args["order"].expressions:
+        # Without ORDER BY the rows are all alike (see constant_rows): any column orders them.
+        items = node.args["order"].expressions if node.args.get("order") else [exp.Ordered(this=exp.Literal.number(1))]
+        for item in items:
             e = item.this
             if _is_position(e):
                 position = int(e.name)
