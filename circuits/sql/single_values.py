@@ -32,9 +32,10 @@ def single_values(query: exp.Expression) -> exp.Expression:
 
 def _scalar(subquery: exp.Subquery) -> bool:
     """``subquery`` stands for a value: not a table in FROM or a join, not a set operation's
-    side, not the query of ``IN``."""
+    side, not the query of ``IN`` or of a quantified comparison (``x = ANY (q)``)."""
     parent = subquery.parent
-    if isinstance(parent, (exp.From, exp.Join, exp.Lateral, exp.SetOperation, exp.Subquery, exp.CTE)):
+    tables = (exp.From, exp.Join, exp.Lateral, exp.SetOperation, exp.Subquery, exp.CTE)
+    if isinstance(parent, (*tables, exp.Any, exp.All)):
         return False
     return not (isinstance(parent, exp.In) and subquery.arg_key == "query")
 

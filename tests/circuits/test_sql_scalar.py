@@ -146,6 +146,8 @@ def test_scalar_subqueries_that_may_give_several_rows_or_are_not_decorrelated_ar
         ("SELECT k, (SELECT DISTINCT b.x AS y FROM b WHERE b.k = a.k) AS y FROM a", True),
         ("SELECT k FROM a WHERE v = (SELECT max(x) FROM b)", False),
         ("SELECT k FROM a WHERE v IN (SELECT x FROM b)", False),
+        ("SELECT k FROM a WHERE v = ANY (SELECT x FROM b)", False),
+        ("SELECT k FROM a WHERE v > ALL (SELECT x FROM b)", False),
         ("SELECT k FROM (SELECT k FROM a) t", False),
         ("SELECT k FROM a WHERE v = (SELECT m FROM (SELECT max(x) AS m FROM b) t)", False),
         ("SELECT k FROM a WHERE v = (SELECT x FROM b GROUP BY x)", False),
