@@ -194,7 +194,11 @@ def test_a_delta_table_source_is_its_path_made_absolute(tmp_path):
 def test_the_sensor_is_named_for_what_it_watches(tmp_path):
     """Tables only: their versions; a topic among the inputs: the topics' offsets."""
     for sources, name in (({"a": "delta:a"}, "p_delta_versions"), ({"a": "delta:a", "b": "b"}, "p_kafka_offsets")):
-        spec = parse_project(_delta_project(tmp_path, sources), "dbsp.yaml", base=str(tmp_path)).pipelines[0]
+        settings = _delta_project(tmp_path, sources)
+        (tmp_path / "views.sql").write_text(
+            f"CREATE MATERIALIZED VIEW n AS SELECT k, count(*) AS c FROM ({' UNION ALL '.join(f'SELECT k FROM {h}' for h in sources)}) GROUP BY k;"
+        )
+        spec = parse_project(settings, "dbsp.yaml", base=str(tmp_path)).pipelines[0]
         assert spec.sensor_name == name
 
 
