@@ -299,7 +299,7 @@ def serve(args: argparse.Namespace, bootstrap: str) -> tuple[Dagster, str, objec
     dagster = Dagster(
         instance,
         defs.resources,
-        defs.resolve_sensor_def(f"{NAME}_kafka_offsets"),
+        defs.resolve_sensor_def(spec.sensor_name),
         defs.resolve_job_def(f"{NAME}_step_job"),
         KafkaClient(bootstrap),
         topics,

@@ -73,7 +73,7 @@ class Demo:
 
     def advance(self) -> list:
         """A sensor tick, then a Dagster run of each step it requests; their outcomes."""
-        result = self.defs.resolve_sensor_def(f"{NAME}_kafka_offsets")(
+        result = self.defs.resolve_sensor_def(self.spec.sensor_name)(
             build_sensor_context(instance=self.instance, resources=self.defs.resources)
         )
         for request in result.dynamic_partitions_requests or []:

@@ -80,7 +80,7 @@ class Harness:
         if create_topics:
             ensure_topics(bootstrap, {t: self.spec.topic_partitions for t in self.source.topics.values()})
         self.root = self.resources["store"].pipeline_root(self.name)
-        self.sensor = self.defs.resolve_sensor_def(f"{self.name}_kafka_offsets")
+        self.sensor = self.defs.resolve_sensor_def(self.spec.sensor_name)
         self.job = self.defs.resolve_job_def(f"{self.name}_step_job")
         self.produced: dict[str, list[dict]] = {h: [] for h in self.source.topics}
         self.events = 0
