@@ -236,16 +236,11 @@ def _parsed(statement: str, line: int, file: str) -> exp.Expression:
     return create
 
 
-class _Dropped(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return False
-
-
 @contextmanager
 def _quiet(logger: logging.Logger) -> Iterator[None]:
     """``logger``'s records dropped meanwhile: sqlglot warns (through Python's last-resort
     handler, to stderr) of what the caller turns into its own error."""
-    dropped = _Dropped()
+    dropped = lambda record: False  # one object, so that the same is removed
     logger.addFilter(dropped)
     try:
         yield

@@ -46,7 +46,7 @@ def _plain(select: exp.Expression) -> bool:
     if any(select.args.get(part) for part in ("group", "having", "qualify", "order", "limit", "offset", "windows")):
         return False
     item = select.expressions[0]
-    if isinstance(item.unalias(), exp.Star) or isinstance(item, exp.Star):
+    if isinstance(item.unalias(), exp.Star):
         return False
     prune = lambda n: n is not item and isinstance(n, (exp.Subquery, exp.Exists, exp.Query))
     return not any(isinstance(n, (exp.AggFunc, exp.Window)) for n in item.walk(prune=prune))
