@@ -70,6 +70,7 @@ _ADDITIVE = ("count", "sum", "avg", "count_distinct")
 _EXTREMES = {"min": F.min, "max": F.max}
 MOMENTS = ("var_samp", "var_pop", "stddev_samp", "stddev_pop")
 _DISTINCT = ("count_distinct", "sum_distinct", "avg_distinct")
+_SUMMED = ("sum", "avg", "sum_distinct", "avg_distinct")  # a running sum of the column's values
 _REPLACED = (*_EXTREMES, "recomputed")  # kept per group, derived again, not summed
 AGG_KINDS = (*_ADDITIVE, *_EXTREMES, *MOMENTS, "sum_distinct", "avg_distinct", "recomputed")
 _ROWS = "_rows"
@@ -147,7 +148,7 @@ class Aggregate(Operator):
         after = ctx.share(
             add(*contributions)
             .groupBy(*ROUTED, *keys)
-            .agg(*[self._combine(c) for c in state_columns])
+            .agg(*[self._combine(c, schema) for c in state_columns])
             .where(F.col(_ROWS) != 0)
         )
         ctx.stage(
@@ -198,14 +199,18 @@ class Aggregate(Operator):
     def _extreme_columns(self) -> list[str]:
         return [f"_a{i}" for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES]
 
-    def _combine(self, column: str) -> Column:
-        kinds = {f"_a{i}": a.kind for i, (_, a) in enumerate(self.aggs)}
-        kind = kinds.get(column, "")
+    def _combine(self, column: str, schema: T.StructType) -> Column:
+        aggs = {f"_a{i}": a for i, (_, a) in enumerate(self.aggs)}
+        kind = aggs[column].kind if column in aggs else ""
         if kind in _EXTREMES:
             return _EXTREMES[kind](column).alias(column)
         if kind == "recomputed":  # one contribution has the group's value: the recomputed one
             return F.first(column, ignorenulls=True).alias(column)
-        return F.coalesce(F.sum(column), F.lit(0)).alias(column)
+        # A zero of the sum's own type: an int's zero widens a decimal(38, s) sum to
+        # decimal(39, s), which Spark bounds to 38 digits by dropping a decimal.
+        summed = _accumulator(schema[aggs[column].column].dataType) if kind in _SUMMED else None
+        zero = F.lit(0) if summed is None else F.lit(0).cast(summed)
+        return F.coalesce(F.sum(column), zero).alias(column)
 
     def _extremes(self, column: str, keys: list[str], values: DataFrame) -> DataFrame:
         """min/max of ``column`` over the rows of the touched groups after the step."""
@@ -321,16 +326,20 @@ def _kept_calls(aggs: tuple[tuple[str, Agg], ...]) -> dict[str, Column]:
     return {name: c for i, (_, a) in enumerate(aggs) if a.kind == "recomputed" for name, c in _kept(i, a).items()}
 
 
+def _accumulator(kind: T.DataType | None) -> T.DecimalType | None:
+    """The type of a running sum of a ``decimal(p, s)``: ``decimal(38, s)`` (None for others)."""
+    return T.DecimalType(38, kind.scale) if isinstance(kind, T.DecimalType) else None
+
+
 def _weighted(column: str, kind: T.DataType | None) -> Column:
     """``column`` times the row's weight.  Weights are 1 or -1 but for repeated rows.  A
     ``decimal(p, s)`` times a bigint (a ``decimal(20, 0)``) has a precision over 38 once
     ``p > 17``, which Spark rounds to fewer decimals; so a decimal is multiplied as its
     unscaled integer (its digits without the point, a ``decimal(38, 0)``: the product keeps
     scale 0, exact while it fits the sum's type), put back at scale ``s`` by its text."""
-    value, w = F.col(column), weight()
-    if not isinstance(kind, T.DecimalType):
+    value, w, accumulator = F.col(column), weight(), _accumulator(kind)
+    if accumulator is None:
         return value * w
-    accumulator = T.DecimalType(38, kind.scale)
     unscaled = F.translate(value.cast(accumulator).cast("string"), ".", "").cast(T.DecimalType(38, 0))
     product = F.concat((unscaled * w).cast("string"), F.lit(f"E-{kind.scale}")).cast(accumulator)
     return F.when(w == 1, value).when(w == -1, -value).otherwise(product).cast(accumulator)

@@ -119,6 +119,9 @@ CREATE MATERIALIZED VIEW overall AS
 @pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(drawn=decimal_steps())
+@example(  # a value at the least digit of a scale-29 type, where a sum's type keeps 29 decimals
+    drawn=("k int, v decimal(29,29)", [{"t": [(None, Decimal("1E-29"), 1)]}])
+)
 @example(  # sum(a / b) of a decimal(28, 2) and an int is a decimal(38, 12) sum
     drawn=("k int, v decimal(38,12)", [{"t": [(1, Decimal("1234567890123.123456789012"), 3), (1, Decimal("0.01"), 2)]}])
 )
