@@ -26,10 +26,21 @@ class _Joins:
         # with no key it would be a cross product read whole on every change.  The WHERE
         # is still applied whole after the joins, so taking them here changes no result.
         implied = [c for c in _factored(_conjuncts(where.this if where else None)) if not _has_subquery(c)]
-        rel = self.source(node.args["from_"].this, outer)
-        for join in node.args.get("joins") or []:
-            rel = self.join(rel, self.source(join.this, outer), join, implied)
+        joins = node.args.get("joins") or []
+        sources = [self.source(s, outer) for s in [node.args["from_"].this, *(j.this for j in joins)]]
+        rel, *others = [self.pushed(r, implied) if _kept_whole(joins, i) else r for i, r in enumerate(sources)]
+        for join, right in zip(joins, others):
+            rel = self.join(rel, right, join, implied)
         return rel
+
+    def pushed(self, rel: Rel, conjuncts: list[exp.Expression]) -> Rel:
+        """``rel`` filtered by the ``conjuncts`` that read its columns and no others, as
+        Spark's optimizer pushes them below a join: the join's state then keeps only rows
+        that may pass (a self-join of a table filtered each side to another year multiplies
+        the rows of the year alone, not of every year)."""
+        scope = _Scope(rel.cols)
+        local = [c for c in conjuncts if _columns(c) and _reads_only(scope, c)]
+        return self.where(rel, scope, exp.and_(*local)) if local else rel
 
     def source(self, node: exp.Expression, outer: _Scope | None) -> Rel:
         if isinstance(node, exp.Table):
@@ -148,6 +159,24 @@ class _Joins:
         else:
             joined = left_stream.keyed_join(right_stream, keys, how, residual)
         return Rel(joined.select(*[c.internal for c in cols]), cols, {**left.types, **right.types})
+
+
+def _kept_whole(joins: list[exp.Join], i: int) -> bool:
+    """Whether the FROM's ``i``-th source (0: the first) reaches the joins' result only
+    through inner joins: the WHERE's tests of its rows alone may then be made before them
+    (not below the side an outer join pads with NULLs, whose padded rows the WHERE tests)."""
+    sides = [(j.side or "").upper() for j in joins]
+    brought_by_inner = i == 0 or (sides[i - 1] == "" and (joins[i - 1].kind or "").upper() not in ("SEMI", "ANTI"))
+    return brought_by_inner and not any(side in ("RIGHT", "FULL") for side in sides[i:])
+
+
+def _reads_only(scope: _Scope, e: exp.Expression) -> bool:
+    """Every column of ``e`` is one of ``scope``'s (False where one of its names is ambiguous
+    there: the WHERE, applied whole, reports it)."""
+    try:
+        return scope.is_local(e)
+    except SqlError:
+        return False
 
 
 def _using_column(rel: Rel, name: str, side: str) -> Col:
