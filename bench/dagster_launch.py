@@ -115,7 +115,7 @@ class Served:
         """Produces ``events`` events of ``records_of`` (a demo producer) and returns the
         figures of the step run they cause."""
         seen = self._runs(f"{PIPELINE}_step_job")
-        produce_events(self.kafka.source(self.spec).kafka, records_of, events, seed=0)
+        produce_events(self.kafka.topics(self.spec), records_of, events, seed=0)
         return self._finished(f"{PIPELINE}_step_job", seen)
 
     def worker_rss(self) -> int:

@@ -146,7 +146,7 @@ def status(args: argparse.Namespace) -> int:
     resources = build_resources(project)
     root = resources["store"].pipeline_root(spec.name)
     print(f"pipeline {spec.name}")
-    print(status_text(report(root, resources["kafka"].source(spec))))
+    print(status_text(report(root, resources["kafka"].source(spec, resources["store"]))))
     print("\n".join(dead_letters_note(root, spec.sources, spec.max_dead_letter_share)))
     return 0
 
@@ -158,7 +158,7 @@ def recover(args: argparse.Namespace) -> int:
     resources = build_resources(project)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
     holder = _holder("recover")
-    recovery = pipeline.recover(resources["kafka"].source(spec).read, holder, args.break_lease)
+    recovery = pipeline.recover(resources["kafka"].source(spec, resources["store"]).read, holder, args.break_lease)
     if args.break_lease:
         print(f"broke the lease: {recovery.broken}")
     record_committed(devserver.open_instance(), spec, pipeline, recovery.ran, holder.name)
@@ -190,7 +190,7 @@ def step(args: argparse.Namespace) -> int:
     as materialized."""
     project, spec = _pipeline(args)
     resources = build_resources(project)
-    source = resources["kafka"].source(spec)
+    source = resources["kafka"].source(spec, resources["store"])
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
     policy = DivisionPolicy(spec.max_records_per_step, 0)
     while (cut := cut_next(pipeline.divisions, source, policy)).step is not None:
@@ -226,7 +226,7 @@ def produce(args: argparse.Namespace) -> int:
             values = [line.rstrip(b"\r\n") for line in f if line.strip()]
     except OSError as e:
         raise ConfigError(f"cannot read {args.file}: {e.strerror}") from None
-    source = build_resources(project)["kafka"].source(spec).kafka
+    source = build_resources(project)["kafka"].topics(spec)
     sent = source.client().produce(args.topic, values)
     print(f"dbsp produce: {sent} records to {args.topic} on {source.bootstrap_servers} (pipeline {spec.name})")
     return 0

@@ -46,6 +46,15 @@ if typing.TYPE_CHECKING:
 
 CONFIG_ENV = "DBSP_CONFIG"
 DELTA = "delta:"  # as sensors.delta_source.DELTA: this module loads no source package
+VIEW = "view:"  # as sensors.upstream.VIEW
+
+
+def upstream_view(source: str) -> tuple[str, str]:
+    """``(pipeline, sink)`` of a ``view:<pipeline>.<sink>`` source (as sensors.upstream.view_name)."""
+    pipeline, _, sink = source.removeprefix(VIEW).partition(".")
+    return pipeline, sink
+
+
 HOME_ENV = "DBSP_HOME"
 POSTGRES_ENV = "DBSP_DAGSTER_POSTGRES_URL"  # a new Dagster home's storage: this PostgreSQL database
 
@@ -120,9 +129,9 @@ class PipelineSpec(BaseModel):
         "without it, the producer module's SCHEMAS",
     )
     sources: dict[str, str] = Field(
-        description="the source of each circuit input, every input needs one: a Kafka topic (bids: nexmark.bids) or a "
+        description="the source of each circuit input, every input needs one: a Kafka topic (bids: nexmark.bids), a "
         "Delta table with the change data feed on, 'delta:' and its path (orders: delta:/data/orders; relative to "
-        "the configuration file)"
+        "the configuration file), or a view of another pipeline of this file (totals: view:shop.by_region)"
     )
     sinks: list[SinkSpec] = Field(
         default_factory=list,
@@ -177,10 +186,16 @@ class PipelineSpec(BaseModel):
                         "only; mount the bucket and give the mount path"
                     )
                 source = DELTA + str(Path((info.context or {}).get("base", ".")).joinpath(path).absolute())
+            elif source.startswith(VIEW):
+                if not re.fullmatch(r"[a-z][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*", source.removeprefix(VIEW)):
+                    raise ValueError(
+                        f"{handle}: {source!r} names no view; write view:<pipeline>.<view>, a pipeline of this file "
+                        "and one of its sinks"
+                    )
             elif not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", source):
                 raise ValueError(
-                    f"{handle}: {source!r} is neither a Kafka topic (letters, digits, '.', '_' and '-') nor a Delta "
-                    "table (delta:/path/to/table)"
+                    f"{handle}: {source!r} is neither a Kafka topic (letters, digits, '.', '_' and '-'), a Delta "
+                    "table (delta:/path/to/table) nor another pipeline's view (view:<pipeline>.<view>)"
                 )
             resolved[handle] = source
         return resolved
@@ -188,7 +203,7 @@ class PipelineSpec(BaseModel):
     @property
     def topics(self) -> dict[str, str]:
         """The Kafka topic of each input read from Kafka."""
-        return {h: s for h, s in self.sources.items() if not s.startswith(DELTA)}
+        return {h: s for h, s in self.sources.items() if not s.startswith((DELTA, VIEW))}
 
     @property
     def tables(self) -> dict[str, str]:
@@ -196,10 +211,16 @@ class PipelineSpec(BaseModel):
         return {h: s for h, s in self.sources.items() if s.startswith(DELTA)}
 
     @property
+    def upstream(self) -> dict[str, str]:
+        """The source (``view:<pipeline>.<sink>``) of each input read from another pipeline's view."""
+        return {h: s for h, s in self.sources.items() if s.startswith(VIEW)}
+
+    @property
     def sensor_name(self) -> str:
         """The Dagster sensor that cuts the pipeline's steps, named for what it watches: its
-        topics' end offsets, or, when every input is a Delta table, the tables' versions."""
-        return f"{self.name}_delta_versions" if self.tables and not self.topics else f"{self.name}_kafka_offsets"
+        topics' end offsets, or, when no input is a topic, the versions of Delta logs (its
+        tables', its upstream pipelines' output logs)."""
+        return f"{self.name}_kafka_offsets" if self.topics else f"{self.name}_delta_versions"
 
     @field_validator("sinks", mode="before")
     @classmethod
@@ -542,6 +563,38 @@ class ProjectSpec(BaseModel):
         names = [g.name for g in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"sources: group names must be unique, got {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _upstream_views(self) -> ProjectSpec:
+        """Each ``view:<pipeline>.<sink>`` names a sink of another pipeline of the file, and
+        no pipeline reads its own views through others."""
+        by_name = {p.name: p for p in self.pipelines}
+        for i, p in enumerate(self.pipelines):
+            for handle, source in p.upstream.items():
+                upstream, sink = upstream_view(source)
+                where = f"pipelines.{i}.sources.{handle}: {source!r}"
+                if upstream == p.name or upstream not in by_name:
+                    others = sorted(set(by_name) - {p.name})
+                    raise ValueError(f"{where}: {upstream!r} is no other pipeline of this file; use one of {others}")
+                if sink not in by_name[upstream].sink_names:
+                    raise ValueError(
+                        f"{where}: {sink!r} is no sink of pipeline {upstream!r}; its sinks are {by_name[upstream].sink_names}"
+                    )
+        for p in self.pipelines:
+            # Each pipeline reached from p, with the chain of reads that reaches it.
+            chains, todo = {p.name: []}, [p.name]
+            while todo:
+                reader = todo.pop()
+                for source in by_name[reader].upstream.values():
+                    upstream, chain = upstream_view(source)[0], [*chains[reader], f"{reader} reads {source}"]
+                    if upstream == p.name:
+                        raise ValueError(
+                            f"pipelines: {p.name!r} reads its own views ({', '.join(chain)}); remove the cycle"
+                        )
+                    if upstream not in chains:
+                        chains[upstream] = chain
+                        todo.append(upstream)
         return self
 
     @property

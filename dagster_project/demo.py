@@ -143,7 +143,7 @@ def run_demo(
     sensor = defs.resolve_sensor_def(spec.sensor_name)
     step_job = defs.resolve_job_def(f"{spec.name}_step_job")
     with progress.phase(_kafka_phase(kafka)):
-        source = kafka.source(spec).kafka
+        source = kafka.topics(spec)
     progress.line(f"broker {source.bootstrap_servers}, topics {', '.join(sorted(source.topics.values()))}")
     with progress.phase(_spark_phase(spark)):
         session = spark.session()

@@ -9,8 +9,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from dagster import (
+    AllPartitionMapping,
     AssetCheckResult,
     AssetCheckSpec,
+    AssetDep,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
@@ -49,7 +51,7 @@ from storage.lease import Holder
 from storage.logs import DivisionLog, output_uri
 from storage.pipeline import Pipeline, status
 
-from .config import PipelineSpec, ProjectSpec, home, load_object
+from .config import PipelineSpec, ProjectSpec, home, load_object, upstream_view
 from .demo_producer import produce_events
 from .metadata import flush_gateway, step_metadata, view_metadata
 from .resources import KafkaResource, SparkResource, StoreResource, build_resources
@@ -196,7 +198,7 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         first, last = (int(k) for k in (context.partition_key_range.start, context.partition_key_range.end))
         with step_pipeline(spec, spark, store) as pipeline, pipeline.lease.held(_holder(context, spec)):
             context.log.info(f"{spec.name}: running steps {first}..{last}")
-            ran = pipeline.run_steps(kafka.source(spec).read, first, last)
+            ran = pipeline.run_steps(kafka.source(spec, store).read, first, last)
         context.log.info(
             f"{spec.name}: ran steps {list(ran)}"
             if ran
@@ -305,7 +307,12 @@ def _sink_spec(spec: PipelineSpec, name: str, key: AssetKey, keys: dict[str, Ass
         f"; its current contents: the Delta table views/{name}." if name in spec.views else "."
     )
     sql = spec.view_sql(name)
-    reads = [keys[v] for v in spec.view_reads(name) if v in keys]
+    reads = [keys[v] for v in spec.view_reads(name) if v in keys] + [
+        # A step of this pipeline reads a range of the upstream's steps, not the same step.
+        AssetDep(AssetKey(list(upstream_view(spec.upstream[h]))), partition_mapping=AllPartitionMapping())
+        for h in spec.view_sources(name)
+        if h in spec.upstream
+    ]
     metadata = {"sql": MetadataValue.md(f"```sql\n{sql}\n```"), "sql_file": MetadataValue.path(spec.sql)} if sql else {}
     if sql:
         description += f"\n\n```sql\n{sql}\n```"
@@ -322,13 +329,11 @@ def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, 
         job=step_job,
         minimum_interval_seconds=spec.sensor_interval_seconds,
         default_status=DefaultSensorStatus.RUNNING if spec.sensor_running else DefaultSensorStatus.STOPPED,
-        description=f"Cuts the next step of {spec.name!r} from its topics' end offsets and its Delta tables' "
-        "latest versions, and requests its run.",
+        description=f"Cuts the next step of {spec.name!r} from its topics' end offsets, its Delta tables' "
+        "latest versions and its upstream pipelines' committed steps, and requests its run.",
     )
     def offsets(context: SensorEvaluationContext, store: StoreResource, kafka: KafkaResource):
-        return evaluate_sensor(
-            spec, policy, partitions, context.instance, store.pipeline_root(spec.name), kafka, gateway_fed, context.log
-        )
+        return evaluate_sensor(spec, policy, partitions, context.instance, store, kafka, gateway_fed, context.log)
 
     return offsets
 
@@ -338,7 +343,7 @@ def evaluate_sensor(
     policy,
     partitions,
     instance,
-    root: str,
+    store: StoreResource,
     kafka: KafkaResource,
     gateway_fed: bool = False,
     log: logging.Logger | None = None,
@@ -346,8 +351,9 @@ def evaluate_sensor(
     """One tick.  The division log, not the cursor, is the truth: every divided step that is
     not committed is (re)requested with ``run_key`` = pipeline and step, which Dagster runs
     once; so a tick that died after recording a division loses nothing."""
+    root = store.pipeline_root(spec.name)
     try:
-        source = kafka.source(spec)
+        source = kafka.source(spec, store)
         # Demand-based flush (docs/gateway.md): the gateway hands over its partly filled buffers now,
         # so the step about to be cut holds every record it has read.
         figures, unflushed = flush_gateway(gateway_fed)
@@ -503,7 +509,7 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
     ):
         pipeline = open_pipeline(spec, spark, store)
         holder = _holder(context, spec)
-        recovery = pipeline.recover(kafka.source(spec).read, holder, config.break_lease)
+        recovery = pipeline.recover(kafka.source(spec, store).read, holder, config.break_lease)
         if config.break_lease:
             context.log.warning(f"broke the lease of {recovery.broken}")
         record_committed(context.instance, spec, pipeline, recovery.ran, f"run {holder.name}")
@@ -511,7 +517,7 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
 
     @op(name=f"{spec.name}_status_op")
     def show_status(context: OpExecutionContext, store: StoreResource, kafka: KafkaResource):
-        context.log.info(status_text(report(store.pipeline_root(spec.name), kafka.source(spec))))
+        context.log.info(status_text(report(store.pipeline_root(spec.name), kafka.source(spec, store))))
 
     pipeline_tags = {PIPELINE_TAG: spec.name}
     jobs = [
@@ -525,7 +531,7 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
 
         @op(name=f"{spec.name}_produce_op")
         def produce(context: OpExecutionContext, config: ProduceConfig, kafka: KafkaResource):
-            source = kafka.source(spec).kafka
+            source = kafka.topics(spec)
             start = produce_events(source, records_of, config.events, config.seed)
             context.log.info(f"produced events {start}..{start + config.events} to {sorted(source.topics.values())}")
 

@@ -51,7 +51,7 @@ class Demo:
         self.defs = build_definitions(project)
         self.spec = project.pipelines[0]
         self.instance = instance
-        self.source = self.defs.resources["kafka"].source(self.spec).kafka
+        self.source = self.defs.resources["kafka"].topics(self.spec)
         ensure_topics(
             self.source.bootstrap_servers, {t: self.spec.topic_partitions for t in self.source.topics.values()}
         )

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from circuits.spark import connect_server, remote_session, session
 from sensors.delta_source import DeltaTables
 from sensors.ingest import KafkaSource, Sources
+from sensors.upstream import UpstreamViews, view_name
 
 from .config import ConfigError, PipelineSpec, ProjectSpec, describe_errors, home
 from .kafka import EMBEDDED, KafkaSettings
@@ -81,14 +82,23 @@ class StoreResource(_Resource):
 class KafkaResource(_Resource, KafkaSettings):
     """The Kafka cluster the offset sensors watch (:class:`~dagster_project.kafka.KafkaSettings`)."""
 
-    def source(self, spec: PipelineSpec) -> Sources:
-        """The pipeline's inputs: its topics on this cluster (the embedded broker is started,
-        and the topics created on it, when missing) and its Delta tables."""
-        kafka = None
-        if spec.topics:
-            bootstrap = self.bootstrap({t: spec.topic_partitions for t in spec.topics.values()})
-            kafka = KafkaSource(bootstrap, spec.topics, self.client_config())
-        return Sources(kafka, DeltaTables(spec.tables) if spec.tables else None)
+    def topics(self, spec: PipelineSpec) -> KafkaSource | None:
+        """The pipeline's topics on this cluster (the embedded broker is started, and the
+        topics created on it, when missing); None for a pipeline without topics."""
+        if not spec.topics:
+            return None
+        bootstrap = self.bootstrap({t: spec.topic_partitions for t in spec.topics.values()})
+        return KafkaSource(bootstrap, spec.topics, self.client_config())
+
+    def source(self, spec: PipelineSpec, store: StoreResource) -> Sources:
+        """The pipeline's inputs: its topics (see :meth:`topics`), its Delta tables and the
+        views of other pipelines it reads (their output logs in ``store``)."""
+        upstream = {view_name(s)[0] for s in spec.upstream.values()}
+        return Sources(
+            self.topics(spec),
+            DeltaTables(spec.tables) if spec.tables else None,
+            UpstreamViews(spec.upstream, {p: store.pipeline_root(p) for p in upstream}) if spec.upstream else None,
+        )
 
 
 def build_resources(project: ProjectSpec) -> dict[str, ConfigurableResource]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from circuits.vnodes import Layout
 from sensors.delta_source import is_table, table_path
 from sensors.status import Report
+from sensors.upstream import is_view, view_name
 from storage import inspect
 from storage.logs import dead_letters_uri, input_uri
 from storage.pipeline import status
@@ -79,9 +80,14 @@ def status_text(r: Report) -> str:
     if r.lag is None:
         lines.append(f"lag: unknown ({r.error})")
     for (source, partition), (lag, end) in (r.lag or {}).items():
-        lines.append(
-            f"lag {table_path(source)}: {lag} versions not yet in a step (latest version {end - 1})"
-            if is_table(source)
-            else f"lag {source}[{partition}]: {lag} records not yet in a step (end offset {end})"
-        )
+        lines.append(_lag_line(source, partition, lag, end))
     return "\n".join(lines)
+
+
+def _lag_line(source: str, partition: int, lag: int, end: int) -> str:
+    if is_table(source):
+        return f"lag {table_path(source)}: {lag} versions not yet in a step (latest version {end - 1})"
+    if is_view(source):
+        pipeline, sink = view_name(source)
+        return f"lag view {sink} of {pipeline}: {lag} upstream steps not yet in a step (upstream committed {end})"
+    return f"lag {source}[{partition}]: {lag} records not yet in a step (end offset {end})"

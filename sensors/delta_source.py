@@ -14,7 +14,7 @@ any input, so a replay never reads the table again.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -135,17 +135,20 @@ class DeltaTables:
     ) -> Iterator[StepInput]:
         """Each handle's changes over its table's range, weighted (planned: the input log's
         job reads them); a table without a range in the step is an empty input."""
-        by_source = {r.source: r for r in ranges if r.end > r.start}
         try:
-            yield StepInput(
-                {
-                    handle: changes(spark, source, by_source[source], handle, schemas[handle])
-                    for handle, source in self.tables.items()
-                    if source in by_source
-                }
-            )
+            yield ranged_input(self.tables, ranges, lambda h, s, r: changes(spark, s, r, h, schemas[h]))
         except StorageError as e:
-            raise read_failed(e, list(by_source.values())) or e from e
+            raise read_failed(e, [r for r in ranges if r.end > r.start]) or e from e
+
+
+def ranged_input(
+    sources: dict[str, str], ranges: list[Range], changes: Callable[[str, str, Range], DataFrame]
+) -> StepInput:
+    """A step's input from versioned sources (``sources``: per input handle its source):
+    ``changes(handle, source, range)`` for each handle whose source has a range of some
+    versions in the step; the others are empty inputs."""
+    by_source = {r.source: r for r in ranges if r.end > r.start}
+    return StepInput({h: changes(h, s, by_source[s]) for h, s in sources.items() if s in by_source})
 
 
 def _check_change_feed(source: str, version: int, r: Range) -> None:

@@ -16,8 +16,10 @@ from typing import Protocol
 from storage.faults import failpoint
 from storage.logs import DivisionLog, Range
 
-from .delta_source import is_table, went_back
+from . import delta_source, upstream
+from .delta_source import is_table
 from .errors import OffsetsLostError
+from .upstream import is_view
 
 Partition = tuple[str, int]
 
@@ -83,7 +85,9 @@ def next_starts(previous: list[Range], offsets: dict[Partition, tuple[int, int]]
                 "(retention); they cannot be recovered: raise the topic's retention or cut steps more often"
             )
         if start > high and is_table(p[0]):
-            raise went_back(p[0], start, high)
+            raise delta_source.went_back(p[0], start, high)
+        if start > high and is_view(p[0]):
+            raise upstream.went_back(p[0], start, high)
         if start > high:
             raise OffsetsLostError(
                 f"topic {p[0]} partition {p[1]}: the broker's end offset {high} is below offset {start}, where the "

@@ -1,7 +1,8 @@
 """A step's read of its sources: :meth:`Sources.read`, the reader a caller gives
 :meth:`storage.pipeline.Pipeline.run_steps`, reads each step's recorded ranges once: the
 Kafka topics' (:meth:`KafkaSource.read`, consumed on the executors and decoded) and the
-Delta tables' (:class:`sensors.delta_source.DeltaTables`, their change data feed).  The
+Delta tables' (:class:`sensors.delta_source.DeltaTables`, their change data feed) and
+other pipelines' views (:class:`sensors.upstream.UpstreamViews`, their output logs).  The
 pipeline persists what it reads (and the records that could not be decoded) to the input
 log; replays read the input log, never the broker or the tables again."""
 
@@ -21,6 +22,7 @@ from storage.pipeline import StepInput
 from .decode import Decoded, read_ranges
 from .delta_source import DeltaTables, is_table
 from .kafka import KafkaClient
+from .upstream import UpstreamViews, is_view
 
 
 @dataclass(frozen=True)
@@ -80,23 +82,30 @@ class KafkaSource:
 
 @dataclass(frozen=True)
 class Sources:
-    """Every input of a pipeline: its Kafka topics and its Delta tables (either may be
-    None: a pipeline without such inputs).  It is what a division is cut from
-    (:class:`sensors.division.Positions`), and its :meth:`read` is the pipeline's
-    :data:`storage.pipeline.StepReader`."""
+    """Every input of a pipeline: its Kafka topics, its Delta tables and the views of other
+    pipelines it reads (any may be None: a pipeline without such inputs).  It is what a
+    division is cut from (:class:`sensors.division.Positions`), and its :meth:`read` is the
+    pipeline's :data:`storage.pipeline.StepReader`."""
 
     kafka: KafkaSource | None = None
     tables: DeltaTables | None = None
+    views: UpstreamViews | None = None
 
     @property
     def names(self) -> list[str]:
-        return [*(self.kafka.topics.values() if self.kafka else ()), *(self.tables.sources if self.tables else ())]
+        return [
+            *(self.kafka.topics.values() if self.kafka else ()),
+            *(self.tables.sources if self.tables else ()),
+            *(self.views.sources if self.views else ()),
+        ]
 
     def positions(self) -> dict[tuple[str, int], tuple[int, int]]:
         """Per topic partition its low and high offsets, per table its versions (see
-        :meth:`~sensors.delta_source.DeltaTables.positions`)."""
+        :meth:`~sensors.delta_source.DeltaTables.positions`), per upstream view its steps."""
         topics = self.kafka.client().offsets(list(self.kafka.topics.values())) if self.kafka else {}
-        return topics | (self.tables.positions() if self.tables else {})
+        return (
+            topics | (self.tables.positions() if self.tables else {}) | (self.views.positions() if self.views else {})
+        )
 
     def check(self, ranges: list[Range]) -> None:
         if self.tables:
@@ -111,20 +120,22 @@ class Sources:
         taken: dict[tuple[str, str], int],
     ) -> Iterator[StepInput]:
         """The step's input from each kind of source, its ranges and handles to each."""
+        kinds = (
+            (self.kafka, self.kafka.topics if self.kafka else {}, lambda s: not (is_table(s) or is_view(s))),
+            (self.tables, self.tables.tables if self.tables else {}, is_table),
+            (self.views, self.views.views if self.views else {}, is_view),
+        )
         with ExitStack() as reads:
             read = [
                 reads.enter_context(
                     source.read(
                         spark,
-                        [r for r in ranges if is_table(r.source) == tables],
+                        [r for r in ranges if its(r.source)],
                         {h: s for h, s in schemas.items() if h in handles},
                         taken,
                     )
                 )
-                for source, handles, tables in (
-                    (self.kafka, self.kafka.topics if self.kafka else {}, False),
-                    (self.tables, self.tables.tables if self.tables else {}, True),
-                )
+                for source, handles, its in kinds
                 if source is not None
             ]
             found = [r for r in read if r.dead_letters is not None]

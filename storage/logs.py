@@ -52,6 +52,11 @@ def output_uri(root: str, handle: str) -> str:
     return os.path.join(root, "outputs", handle)
 
 
+def output_steps(root: str, handle: str) -> int:
+    """The steps the output log of ``handle`` of the pipeline at ``root`` holds (0: no log)."""
+    return _next_step(output_uri(root, handle), "output")
+
+
 def _next_step(uri: str, app_id: str) -> int:
     """One past the last step recorded under ``app_id`` (0 when none)."""
     last = transaction_version(uri, app_id)
@@ -540,7 +545,7 @@ class OutputLog:
         return int(retained) if retained else 0
 
     def last(self, handle: str) -> int:
-        return _next_step(self.uri(handle), "output")
+        return output_steps(self.root, handle)
 
     def write(self, step: int, outputs: dict[str, WrittenFiles]) -> None:
         """Below ``first``: discard.  In ``first..last``: discard (and, verifying, compare,

@@ -75,7 +75,7 @@ class Harness:
         self.defs = build_definitions(self.project)
         self.instance = instance
         self.resources = self.defs.resources
-        self.source = self.resources["kafka"].source(self.spec).kafka
+        self.source = self.resources["kafka"].topics(self.spec)
         self.client = KafkaClient(bootstrap)
         if create_topics:
             ensure_topics(bootstrap, {t: self.spec.topic_partitions for t in self.source.topics.values()})

@@ -208,9 +208,39 @@ def test_the_sensor_is_named_for_what_it_watches(tmp_path):
         ("delta:", ["pipelines.0.sources", "names no table", "delta:/path/to/table"]),
         ("delta:s3://bucket/a", ["pipelines.0.sources", "local (or mounted) file system", "mount path"]),
         ("a topic", ["pipelines.0.sources", "neither a Kafka topic", "delta:/path/to/table"]),
+        ("view:q", ["pipelines.0.sources", "names no view", "view:<pipeline>.<view>"]),
     ],
 )
 def test_a_bad_source_names_the_field_and_the_fix(tmp_path, source, named):
     with pytest.raises(ConfigError) as raised:
         parse_project(_delta_project(tmp_path, {"a": source}), "dbsp.yaml", base=str(tmp_path))
+    assert all(part in str(raised.value) for part in named), str(raised.value)
+
+
+def _chained(tmp_path, up_sources: dict, down_source: str) -> dict:
+    """Pipeline ``p`` of :func:`_delta_project` (sink ``n``), and ``q``, which reads ``down_source``."""
+    settings = _delta_project(tmp_path, up_sources)
+    (tmp_path / "q.sql").write_text("CREATE MATERIALIZED VIEW m AS SELECT c, count(*) AS k FROM t GROUP BY c;")
+    q = {"name": "q", "sql": "q.sql", "sources": {"t": down_source}, "schemas": {"t": "k INT, c BIGINT"}}
+    return {"pipelines": [*settings["pipelines"], q]}
+
+
+def test_a_view_of_another_pipeline_is_an_input_watched_by_delta_versions(tmp_path):
+    project = parse_project(_chained(tmp_path, {"a": "delta:a"}, "view:p.n"), "dbsp.yaml", base=str(tmp_path))
+    q = project.pipelines[1]
+    assert q.upstream == {"t": "view:p.n"} and q.topics == {} and q.sensor_name == "q_delta_versions"
+
+
+@pytest.mark.parametrize(
+    "up_sources, source, named",
+    [
+        ({"a": "delta:a"}, "view:r.n", ["pipelines.1.sources.t", "'r' is no other pipeline", "['p']"]),
+        ({"a": "delta:a"}, "view:q.m", ["pipelines.1.sources.t", "'q' is no other pipeline"]),
+        ({"a": "delta:a"}, "view:p.m", ["pipelines.1.sources.t", "'m' is no sink of pipeline 'p'", "['n']"]),
+        ({"a": "view:q.m"}, "view:p.n", ["'p' reads its own views (p reads view:q.m, q reads view:p.n)", "cycle"]),
+    ],
+)
+def test_a_view_source_names_a_sink_of_another_pipeline_without_a_cycle(tmp_path, up_sources, source, named):
+    with pytest.raises(ConfigError) as raised:
+        parse_project(_chained(tmp_path, up_sources, source), "dbsp.yaml", base=str(tmp_path))
     assert all(part in str(raised.value) for part in named), str(raised.value)

@@ -1,17 +1,24 @@
 """A pipeline whose input is a Delta table, served by Dagster: the offset sensor cuts the
 table's versions into steps (at most ``max_records_per_step`` versions each) and requests
 their runs, and after every run the view equals Spark batch SQL over the table as of the
-step's last version."""
+step's last version.  A second pipeline that reads the first's view (``view:up.totals``)
+is cut as the first commits, and equals Spark batch SQL over the first's view."""
 
+import shutil
 from collections import Counter
 
 import pytest
-from dagster import build_sensor_context, instance_for_test
+from dagster import AssetKey, build_sensor_context, instance_for_test
+from pyspark.sql import types as T
 
 from circuits.sql import batch_views
 from dagster_project.config import parse_project
 from dagster_project.factory import build_definitions
-from storage.logs import DivisionLog
+from dagster_project.status import status_text
+from sensors.division import DivisionPolicy, cut_next
+from sensors.errors import InputColumnsChangedError, TableRewrittenError
+from sensors.status import report
+from storage.logs import DivisionLog, Range
 from storage.pipeline import Pipeline
 
 from .harness import integral
@@ -19,14 +26,20 @@ from .harness import integral
 VIEWS = "CREATE MATERIALIZED VIEW totals AS SELECT k, count(*) AS n, sum(v) AS total FROM a GROUP BY k;\n"
 
 
-@pytest.mark.slow
-def test_the_sensor_cuts_a_delta_tables_versions_into_steps_whose_runs_equal_spark_batch_sql(
-    spark_resource, spark, tmp_path
-):
+def change_fed_table(spark, tmp_path) -> str:
+    """An empty Delta table ``(k INT, v INT)`` with the change data feed on, at ``tmp_path/a``."""
     table = str(tmp_path / "a")
     spark.sql(
         f"CREATE TABLE delta.`{table}` (k INT, v INT) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true)"
     )
+    return table
+
+
+@pytest.mark.slow
+def test_the_sensor_cuts_a_delta_tables_versions_into_steps_whose_runs_equal_spark_batch_sql(
+    spark_resource, spark, tmp_path
+):
+    table = change_fed_table(spark, tmp_path)
     (tmp_path / "views.sql").write_text(VIEWS)
     pipeline = {"name": "dp", "sql": "views.sql", "sources": {"a": f"delta:{table}"}, "schemas": {"a": "k INT, v INT"}}
     settings = {
@@ -48,11 +61,7 @@ def test_the_sensor_cuts_a_delta_tables_versions_into_steps_whose_runs_equal_spa
             for statement in statements:
                 spark.sql(statement.format(t=f"delta.`{table}`"))
             for _ in range(4):  # one step a tick, of at most two versions
-                result = sensor(build_sensor_context(instance=instance, resources=defs.resources))
-                for request in result.dynamic_partitions_requests or []:
-                    instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
-                for run in result.run_requests or []:
-                    assert job.execute_in_process(instance=instance, partition_key=run.partition_key).success
+                tick_and_run(defs, sensor, job, instance)
             divisions = DivisionLog(root).all()
             assert all(sum(r.end - r.start for r in ranges) <= 2 for ranges in divisions.values())
             last = max(divisions)
@@ -62,3 +71,85 @@ def test_the_sensor_cuts_a_delta_tables_versions_into_steps_whose_runs_equal_spa
             want = Counter(tuple(r) for r in batch_views(spark, VIEWS, {"a": as_of})["totals"].collect())
             got = integral(Pipeline(spark, root, spec.circuit_for(spark)).outputs.read("totals", 0, last))
             assert got == want and got
+
+
+def tick_and_run(defs, sensor, job, instance) -> int:
+    """One tick of ``sensor`` and the runs it requests, in process; returns how many ran."""
+    result = sensor(build_sensor_context(instance=instance, resources=defs.resources))
+    for request in result.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+    for run in result.run_requests or []:
+        assert job.execute_in_process(instance=instance, partition_key=run.partition_key).success
+    return len(result.run_requests or [])
+
+
+DOWNSTREAM = "CREATE MATERIALIZED VIEW by_count AS SELECT n, count(*) AS keys, sum(total) AS total FROM t GROUP BY n;\n"
+
+
+@pytest.mark.slow
+def test_a_pipeline_reading_anothers_view_is_cut_as_it_commits_and_equals_spark_batch_sql(
+    spark_resource, spark, tmp_path
+):
+    table = change_fed_table(spark, tmp_path)
+    (tmp_path / "up.sql").write_text(VIEWS)
+    (tmp_path / "down.sql").write_text(DOWNSTREAM)
+    quick = {"max_wait_seconds": 0, "sensor_running": False}
+    settings = {
+        "pipelines": [
+            {"name": "up", "sql": "up.sql", "sources": {"a": f"delta:{table}"}, "schemas": {"a": "k INT, v INT"}}
+            | quick,
+            {
+                "name": "down",
+                "sql": "down.sql",
+                "sources": {"t": "view:up.totals"},
+                "schemas": {"t": "k INT, n BIGINT, total BIGINT"},
+            }
+            | quick,
+        ],
+        "resources": {"store": {"root": str(tmp_path / "store")}, "kafka": {"bootstrap_servers": "localhost:1"}},
+    }
+    settings["resources"]["spark"] = spark_resource
+    project = parse_project(settings, "dbsp.yaml", base=str(tmp_path))
+    defs = build_definitions(project)
+    up, down = (
+        (defs.resolve_sensor_def(f"{p}_delta_versions"), defs.resolve_job_def(f"{p}_step_job")) for p in ("up", "down")
+    )
+    graph = defs.resolve_asset_graph()
+    assert AssetKey(["up", "totals"]) in graph.get(AssetKey(["down", "by_count"])).parent_keys
+    root = defs.resources["store"].pipeline_root("down")
+    rounds = [
+        ["INSERT INTO {t} VALUES (1, 1), (2, 2), (3, 3)"],
+        ["INSERT INTO {t} VALUES (1, 5), (3, 1)", "UPDATE {t} SET v = v + 10 WHERE k = 2"],
+        ["DELETE FROM {t} WHERE k = 1"],
+    ]
+    with instance_for_test() as instance:
+        assert tick_and_run(defs, *down, instance) == 0  # nothing upstream yet
+        for statements in rounds:
+            for statement in statements:
+                spark.sql(statement.format(t=f"delta.`{table}`"))
+            assert tick_and_run(defs, *up, instance) == 1
+            assert tick_and_run(defs, *down, instance) == 1
+            upstream_view = spark.read.format("delta").load(str(tmp_path / "store" / "up" / "views" / "totals"))
+            want = Counter(tuple(r) for r in batch_views(spark, DOWNSTREAM, {"t": upstream_view})["by_count"].collect())
+            last = max(DivisionLog(root).all())
+            spec = project.pipelines[1]
+            got = integral(Pipeline(spark, root, spec.circuit_for(spark)).outputs.read("by_count", 0, last))
+            assert got == want and got
+        spark.sql(f"INSERT INTO delta.`{table}` VALUES (4, 4)")
+        assert tick_and_run(defs, *up, instance) == 1
+        source = defs.resources["kafka"].source(project.pipelines[1], defs.resources["store"])
+        assert "lag view totals of up: 1 upstream steps not yet in a step" in status_text(report(root, source))
+        divisions = DivisionLog(root).all()
+        assert [(r.source, r.start, r.end) for step in sorted(divisions) for r in divisions[step]] == [
+            ("view:up.totals", 0, 1),
+            ("view:up.totals", 1, 2),
+            ("view:up.totals", 2, 3),
+        ]
+        retyped = T.StructType([T.StructField("k", T.StringType())])
+        with pytest.raises(InputColumnsChangedError, match="column 'k', which input 't' reads as string, is int there"):
+            source.views.changes(spark, "view:up.totals", Range("view:up.totals", 0, 0, 1), "t", retyped)
+        shutil.rmtree(tmp_path / "store" / "up")  # the upstream starts anew
+        with pytest.raises(
+            TableRewrittenError, match="its output log has 0 steps, but steps have read it up to step 2"
+        ):
+            cut_next(DivisionLog(root), source, DivisionPolicy(10, 0))
