@@ -4,6 +4,7 @@ in memory or durably on Delta."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import shutil
@@ -116,12 +117,13 @@ def rounded(rows: Counter) -> Counter:
 
 def on_spark(run, args, prefix: str, driver_memory: str = "4g") -> None:
     """``run(spark, work, args)`` in a fresh work directory, on the Spark Connect server at
-    ``args.url``, else on one started for the run and stopped after."""
+    ``args.url``, else on one started for the run and stopped after (``run``'s ``args.url``
+    is the server's, either way)."""
     work = tempfile.mkdtemp(prefix=prefix)
     port = free_port()
     url = args.url or connect_server(os.path.join(work, "spark"), port, driver_memory=driver_memory)
     try:
-        run(remote_session(url), work, args)
+        run(remote_session(url), work, argparse.Namespace(**{**vars(args), "url": url}))
     finally:
         if not args.url:
             stop_connect_server(os.path.join(work, "spark"), port)

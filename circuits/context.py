@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -206,9 +207,13 @@ class NodeContext:
         template: DataFrame,
         *,
         null_safe: bool,
+        within: DataFrame | None = None,
     ) -> DataFrame:
         """The consolidated rows of trace ``suffix`` whose vnode and ``keys`` occur in ``probe``
-        (which carries the routing columns: it is keyed).
+        (which carries the routing columns: it is keyed); with ``within`` (rows of a vnode
+        and ``keys``, which may come from another lookup), only those of its rows, kept
+        before the trace's rows are consolidated (a filter over the consolidated rows
+        would come after the grouping of them all).
 
         Only these rows are shuffled, unless the trace is small (see
         :meth:`~circuits.state.StateStore.is_small`) or the step :attr:`~StepContext.large`.
@@ -236,7 +241,7 @@ class NodeContext:
             trace = self.step.route(trace)
             wanted = self.step.build(wanted)
             condition = _matching(trace, wanted, keys, null_safe) & (trace[PART] == wanted["_p_part"])
-            return consolidate(trace.join(wanted, condition, "left_semi"), routed=True)
+            return consolidate(in_groups(trace.join(wanted, condition, "left_semi"), within, keys), routed=True)
         # The step's keys are the small side: broadcast them and filter the trace where it
         # is read, so only the matching rows (as many as the change touches) are shuffled
         # to their owners, never the whole trace.  Consolidating with the partition column
@@ -246,7 +251,7 @@ class NodeContext:
         if trace is None:
             return self.keyed_empty(template)
         matched = trace.join(F.broadcast(wanted), _matching(trace, wanted, keys, null_safe), "left_semi")
-        return consolidate(self.step.route(matched, scanned=True), routed=True)
+        return consolidate(self.step.route(in_groups(matched, within, keys), scanned=True), routed=True)
 
     def _large(
         self, table: str, wanted: DataFrame, keys: Sequence[str], null_safe: bool
@@ -278,6 +283,17 @@ class NodeContext:
         found = self.step.route(empty_like(template))
         self.step.found_nothing.append(found)
         return found
+
+
+def in_groups(frame: DataFrame, groups: DataFrame | None, keys: Sequence[str]) -> DataFrame:
+    """The rows of ``frame`` whose vnode and ``keys`` are those of a row of ``groups``
+    (nulls equal; all of them when ``groups`` is None)."""
+    if groups is None:
+        return frame
+    columns = [VNODE, *keys]
+    wanted = F.broadcast(groups.select(*[F.col(c).alias(f"_g_{i}") for i, c in enumerate(columns)]))
+    condition = reduce(Column.__and__, [frame[c].eqNullSafe(wanted[f"_g_{i}"]) for i, c in enumerate(columns)])
+    return frame.join(wanted, condition, "left_semi")
 
 
 def _key_columns(count: int) -> list[str]:

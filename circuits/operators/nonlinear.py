@@ -8,13 +8,14 @@ touches: output = ``Q(state + Δ) - Q(state)`` restricted to those keys.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..context import NodeContext
+from ..context import NodeContext, in_groups
 from ..errors import CircuitDefinitionError
 from ..sharding import PART, ROUTED, VNODE, with_vnode
 from ..zset import WEIGHT, add, consolidate, data_columns, empty_like, weight
@@ -74,6 +75,8 @@ _SUMMED = ("sum", "avg", "sum_distinct", "avg_distinct")  # a running sum of the
 _REPLACED = (*_EXTREMES, "recomputed")  # kept per group, derived again, not summed
 AGG_KINDS = (*_ADDITIVE, *_EXTREMES, *MOMENTS, "sum_distinct", "avg_distinct", "recomputed")
 _ROWS = "_rows"
+_HELD = "_held"
+_GONE = "_gone"
 _ROW_TRACE = "rows"
 _W0 = "_w0"
 _DW = "_dw"
@@ -91,9 +94,10 @@ class Aggregate(Operator):
     Incremental, per group the delta touches: output = ``row(after) - row(before)``.
     ``count``/``sum``/``avg`` and the moments keep running sums (``after = before + Δ``: of
     ``x``, of ``x²`` and of the non-null rows); the ``*_distinct`` ones add the values whose
-    weight crosses zero (their number, their sum); ``min``/``max`` re-derive the touched
-    groups from the integral of their column (while the input has only ever inserted: the
-    old extreme against the delta's, reading no values); ``recomputed`` evaluates ``call``
+    weight crosses zero (their number, their sum); ``min``/``max`` keep the extreme and
+    how many rows hold it: while rows still hold it, the new extreme is it against the
+    delta's, and only a group whose extreme's rows all go is derived again from the
+    integral of its column; ``recomputed`` evaluates ``call``
     over the touched groups' integrated rows, each repeated by its weight.
     State: one row of accumulators per group, plus the integral of each column that a
     min/max/``*_distinct`` reads, plus the integral of the rows (keys and ``reads``) when a
@@ -110,7 +114,12 @@ class Aggregate(Operator):
         self.aggs = aggs
 
     def params(self) -> dict[str, Any]:
-        return {"keys": list(self.keys), "aggs": {n: a.describe() for n, a in self.aggs}}
+        # The state's columns too: a state kept with others cannot be read.
+        return {
+            "keys": list(self.keys),
+            "aggs": {n: a.describe() for n, a in self.aggs},
+            "state": self._state_columns(),
+        }
 
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:
         keys = list(self.keys)
@@ -123,9 +132,8 @@ class Aggregate(Operator):
         template = self._state_template(d, schema)
         before = ctx.share(ctx.lookup("groups", partial, keys, template, null_safe=True))
         # Each contribution is a set of per-group rows; summed (or min/max-ed) per group they
-        # give the accumulators after the step.  While the input only inserts, a group's new
-        # min/max is the old one against the delta's: no need to read the group's values.
-        kept = [_ROWS, *self._additive_columns(), *(self._extreme_columns() if ctx.append_only else [])]
+        # give the accumulators after the step.
+        kept = [_ROWS, *self._additive_columns()]
         contributions = [
             _shape(before, self._state_columns(), keys, kept),
             _shape(partial, self._state_columns(), keys, [_ROWS, *self._partial_columns()]),
@@ -133,11 +141,7 @@ class Aggregate(Operator):
         for column in sorted({a.column for _, a in self.aggs if a.kind in (*_EXTREMES, *_DISTINCT)}):
             values = d.select(*ROUTED, *keys, column, weight())
             if any(a.kind in _EXTREMES and a.column == column for _, a in self.aggs):
-                group_values = values
-                if not ctx.append_only:
-                    old = ctx.lookup(f"values.{column}", partial, keys, values, null_safe=True)
-                    group_values = add(old, values)
-                contributions.append(self._extremes(column, keys, group_values))
+                contributions.append(self._extremes(ctx, column, keys, values, partial, before))
             if any(a.kind in _DISTINCT and a.column == column for _, a in self.aggs):
                 contributions.append(self._distinct_changes(ctx, column, keys, values, schema))
             ctx.stage(f"values.{column}", values)
@@ -196,9 +200,6 @@ class Aggregate(Operator):
             for name in (*_partials(i, a), *_kept(i, a))
         ]
 
-    def _extreme_columns(self) -> list[str]:
-        return [f"_a{i}" for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES]
-
     def _combine(self, column: str, schema: T.StructType) -> Column:
         aggs = {f"_a{i}": a for i, (_, a) in enumerate(self.aggs)}
         kind = aggs[column].kind if column in aggs else ""
@@ -212,20 +213,67 @@ class Aggregate(Operator):
         zero = F.lit(0) if summed is None else F.lit(0).cast(summed)
         return F.coalesce(F.sum(column), zero).alias(column)
 
-    def _extremes(self, column: str, keys: list[str], values: DataFrame) -> DataFrame:
-        """min/max of ``column`` over the rows of the touched groups after the step."""
-        present = (
-            values.groupBy(*ROUTED, *keys, column)
-            .agg(F.sum(WEIGHT).alias(WEIGHT))
-            .where((weight() > 0) & F.col(column).isNotNull())
+    def _extremes(
+        self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame, partial: DataFrame, before: DataFrame
+    ) -> DataFrame:
+        """min/max of ``column`` over each touched group's rows after the step (the groups of
+        ``partial``, their state ``before``), and how many rows hold it (``values``: the
+        step's rows of the column, weighted).  A group's old extreme stands while rows
+        still hold it: the new one is then it against the most extreme value the step adds.
+        Only a group whose extreme's rows all go is derived again from its values (the
+        trace of the column is read for those groups alone; not at all while the input only
+        inserts, when no extreme goes)."""
+        aggs = {i: a.kind for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES and a.column == column}
+        held = {i: f"{_HELD}{i}" for i in aggs}
+        changes = values.where(F.col(column).isNotNull()).select(*ROUTED, *keys, column, weight())
+        # Per value the step touches, and at each old extreme: the rows the step adds and the
+        # rows that held the extreme.  A value is known present after the step where it is
+        # an old extreme still held, or where the step adds rows of it (no value beyond the
+        # old extreme had rows, so its rows are then the step's alone).
+        at_old = [
+            before.where(F.col(f"_a{i}").isNotNull()).select(
+                *ROUTED,
+                *keys,
+                F.col(f"_a{i}").alias(column),
+                F.lit(0).cast("bigint").alias(WEIGHT),
+                F.col(f"_c{i}").alias(held[i]),
+            )
+            for i in aggs
+        ]
+        per_value = (
+            add(*at_old, changes, allow_missing=True)
+            .groupBy(*ROUTED, *keys, column)
+            .agg(F.sum(WEIGHT).alias(WEIGHT), *[F.max(h).alias(h) for h in held.values()])
         )
-        extremes = {
-            f"_a{i}": _EXTREMES[a.kind]
-            for i, (_, a) in enumerate(self.aggs)
-            if a.kind in _EXTREMES and a.column == column
-        }
-        per_group = present.groupBy(*ROUTED, *keys).agg(*[f(column).alias(name) for name, f in extremes.items()])
-        return _shape(per_group, self._state_columns(), keys, list(extremes))
+        rows = {i: F.coalesce(F.col(h), F.lit(0)) + weight() for i, h in held.items()}
+        per_group = per_value.groupBy(*ROUTED, *keys).agg(
+            *[
+                _EXTREMES[kind](F.when(rows[i] > 0, F.struct(column, rows[i].alias(WEIGHT)))).alias(f"_a{i}")
+                for i, kind in aggs.items()
+            ],
+            F.max(reduce(Column.__or__, [F.col(h).isNotNull() & (rows[i] <= 0) for i, h in held.items()])).alias(_GONE),
+        )
+        extremes = [
+            c
+            for i in aggs
+            for c in (F.col(f"_a{i}.{column}").alias(f"_a{i}"), F.col(f"_a{i}.{WEIGHT}").alias(f"_c{i}"))
+        ]
+        parts = [per_group.where(~F.col(_GONE)).select(*ROUTED, *keys, *extremes)]
+        if not ctx.append_only:
+            lost = per_group.where(F.col(_GONE)).select(*ROUTED, *keys)
+            old = ctx.lookup(f"values.{column}", partial, keys, values, null_safe=True, within=lost)
+            present = (
+                add(old, in_groups(values, lost, keys))
+                .groupBy(*ROUTED, *keys, column)
+                .agg(F.sum(WEIGHT).alias(WEIGHT))
+                .where((weight() > 0) & F.col(column).isNotNull())
+            )
+            derived = present.groupBy(*ROUTED, *keys).agg(
+                *[_EXTREMES[kind](F.struct(column, WEIGHT)).alias(f"_a{i}") for i, kind in aggs.items()]
+            )
+            parts.append(derived.select(*ROUTED, *keys, *extremes))
+        names = [n for i in aggs for n in (f"_a{i}", f"_c{i}")]
+        return _shape(add(*parts), self._state_columns(), keys, names)
 
     def _distinct_changes(
         self, ctx: NodeContext, column: str, keys: list[str], values: DataFrame, schema: T.StructType
@@ -310,8 +358,8 @@ def _kept(i: int, a: Agg, schema: T.StructType | None = None) -> dict[str, Colum
     each as computed over a group's values (the extremes), over its values' changes (the
     distinct ones: a frame of ``column`` and the change's weight) or over its rows (a
     recomputed ``call``); without ``schema``, only their names are meant."""
-    if a.kind in _EXTREMES:
-        return {f"_a{i}": _EXTREMES[a.kind](a.column)}
+    if a.kind in _EXTREMES:  # the extreme and how many rows hold it
+        return {f"_a{i}": _EXTREMES[a.kind](a.column), f"_c{i}": F.sum(WEIGHT)}
     if a.kind == "count_distinct":
         return {f"_a{i}": F.sum(WEIGHT)}
     if a.kind in ("sum_distinct", "avg_distinct"):

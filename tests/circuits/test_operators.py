@@ -103,3 +103,19 @@ def expected(t: int, deltas: list[dict[str, Counter]], integrated: dict[str, Cou
 @at_every_worker_count(insert_delete_steps({"a": a_rows, "b": b_rows}))
 def test_every_operator_equals_recomputation(spark, workers, steps):
     run_and_compare(spark, kitchen_sink(), steps, workers, expected, compiled=True)
+
+
+@pytest.mark.parametrize("workers", [1, 2])  # a large trace's lookup, a small one's
+def test_an_extreme_stands_while_rows_hold_it_and_is_derived_again_when_they_all_go(spark, workers):
+    """Group 1's max is held by two rows, then one; its min goes and is derived again from
+    the values left; its max goes too; a larger value comes and the rest go; group 2's
+    values are all null, then one is not."""
+    a = [
+        [(1, 5, "a", 2), (1, 3, "a", 1), (2, None, "b", 1)],
+        [(1, 5, "a", -1)],
+        [(1, 4, "a", 1), (1, 3, "a", -1)],
+        [(1, 5, "a", -1), (1, 4, "a", 1)],
+        [(1, 9, "a", 1), (1, 4, "a", -2), (2, 7, "b", 1)],
+        [(1, 9, "a", -1)],
+    ]
+    run_and_compare(spark, kitchen_sink(), [{"a": rows} for rows in a], workers, expected, compiled=True)
