@@ -256,7 +256,10 @@ class Aggregate(Operator):
         extremes = [
             c
             for i in aggs
-            for c in (F.col(f"_a{i}.{column}").alias(f"_a{i}"), F.col(f"_a{i}.{WEIGHT}").alias(f"_c{i}"))
+            for c in (
+                F.col(f"_a{i}").getField(column).alias(f"_a{i}"),
+                F.col(f"_a{i}").getField(WEIGHT).alias(f"_c{i}"),
+            )
         ]
         parts = [per_group.where(~F.col(_GONE)).select(*ROUTED, *keys, *extremes)]
         if not ctx.append_only:
