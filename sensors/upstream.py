@@ -72,13 +72,17 @@ class UpstreamViews:
     def sources(self) -> list[str]:
         return sorted(set(self.views.values()))
 
-    def uri(self, source: str) -> str:
+    def log(self, source: str) -> tuple[str, str]:
+        """The upstream's root and the sink whose output log ``source`` reads."""
         pipeline, sink = view_name(source)
-        return output_uri(self.roots[pipeline], sink)
+        return self.roots[pipeline], sink
+
+    def uri(self, source: str) -> str:
+        return output_uri(*self.log(source))
 
     def positions(self) -> dict[tuple[str, int], tuple[int, int]]:
         """Per view ``(source, 0)``: ``(0, steps committed)`` (the output log keeps every step)."""
-        return {(s, 0): (0, output_steps(self.roots[view_name(s)[0]], view_name(s)[1])) for s in self.sources}
+        return {(s, 0): (0, output_steps(*self.log(s))) for s in self.sources}
 
     @contextmanager
     def read(

@@ -225,7 +225,7 @@ class Aggregate(Operator):
         inserts, when no extreme goes)."""
         aggs = {i: a.kind for i, (_, a) in enumerate(self.aggs) if a.kind in _EXTREMES and a.column == column}
         held = {i: f"{_HELD}{i}" for i in aggs}
-        changes = values.where(F.col(column).isNotNull()).select(*ROUTED, *keys, column, weight())
+        changes = values.where(F.col(column).isNotNull())
         # Per value the step touches, and at each old extreme: the rows the step adds and the
         # rows that held the extreme.  A value is known present after the step where it is
         # an old extreme still held, or where the step adds rows of it (no value beyond the

@@ -52,6 +52,14 @@ def project_settings(root: str, bootstrap: str, name: str, spark: dict | None = 
     }
 
 
+def tick(sensor, instance, resources, cursor: str | None = None):
+    """One evaluation of ``sensor``, with its partition requests applied as the daemon would."""
+    result = sensor(build_sensor_context(instance=instance, resources=resources, cursor=cursor))
+    for request in getattr(result, "dynamic_partitions_requests", None) or []:
+        instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+    return result
+
+
 class Harness:
     def __init__(
         self,
@@ -100,10 +108,7 @@ class Harness:
 
     def tick(self, cursor: str | None = None):
         """One sensor evaluation, with its partition requests applied as the daemon would."""
-        result = self.sensor(build_sensor_context(instance=self.instance, resources=self.resources, cursor=cursor))
-        for request in getattr(result, "dynamic_partitions_requests", None) or []:
-            self.instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
-        return result
+        return tick(self.sensor, self.instance, self.resources, cursor)
 
     def run(self, first: int, last: int | None = None):
         """Materializes steps ``first..=last`` in one run (a single-run backfill when a range)."""

@@ -8,7 +8,7 @@ import shutil
 from collections import Counter
 
 import pytest
-from dagster import AssetKey, build_sensor_context, instance_for_test
+from dagster import AssetKey, instance_for_test
 from pyspark.sql import types as T
 
 from circuits.sql import batch_views
@@ -21,7 +21,7 @@ from sensors.status import report
 from storage.logs import DivisionLog, Range
 from storage.pipeline import Pipeline
 
-from .harness import integral
+from .harness import integral, tick
 
 VIEWS = "CREATE MATERIALIZED VIEW totals AS SELECT k, count(*) AS n, sum(v) AS total FROM a GROUP BY k;\n"
 
@@ -75,9 +75,7 @@ def test_the_sensor_cuts_a_delta_tables_versions_into_steps_whose_runs_equal_spa
 
 def tick_and_run(defs, sensor, job, instance) -> int:
     """One tick of ``sensor`` and the runs it requests, in process; returns how many ran."""
-    result = sensor(build_sensor_context(instance=instance, resources=defs.resources))
-    for request in result.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+    result = tick(sensor, instance, defs.resources)
     for run in result.run_requests or []:
         assert job.execute_in_process(instance=instance, partition_key=run.partition_key).success
     return len(result.run_requests or [])
