@@ -3,8 +3,10 @@
 Two sets, each at versions pinned to match each other and the installed PySpark:
 
 - :data:`SPARK`, on the Spark Connect server's (or a classic driver's) classpath: Delta
-  Lake's Spark connector (``delta-spark``, built per Spark minor version) and Spark's own
-  Kafka source (``spark-sql-kafka-0-10``), less what the PySpark wheel ships already;
+  Lake's Spark connector (``delta-spark``, built per Spark minor version), Spark's own
+  Kafka source (``spark-sql-kafka-0-10``) and Hadoop's S3 file system (``hadoop-aws``, at
+  the Hadoop version of the wheel's ``hadoop-client-api``, with the AWS SDK's bundle: a
+  store on S3 is read through it), less what the PySpark wheel ships already;
 - :data:`KAFKA`, the embedded Apache Kafka broker with a Log4j 2 backend (its POM brings
   none).
 
@@ -44,6 +46,9 @@ from .errors import DbspError
 
 SPARK_VERSION = importlib.metadata.version("pyspark")
 DELTA_VERSION = importlib.metadata.version("delta-spark")
+HADOOP_VERSION = "3.5.0"
+"""The Hadoop of the PySpark wheel (its ``jars/hadoop-client-api-<version>.jar``), which
+``hadoop-aws`` must match (tests/circuits/test_jvm.py checks)."""
 KAFKA_VERSION = "4.4.0"
 LOG4J_VERSION = "2.25.4"
 
@@ -90,6 +95,7 @@ SPARK = JarSet(
     (
         f"io.delta:delta-spark_{_SPARK_MINOR}_2.13:{DELTA_VERSION}",
         f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
+        f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",
     ),
     _pyspark_jars,
 )

@@ -33,6 +33,7 @@ from circuits.state import FILE, StateStore
 from circuits.vnodes import Layout
 from circuits.zset import consolidate
 
+from . import location
 from .delta import (
     REOPEN_COMMITS,
     WrittenFiles,
@@ -231,8 +232,7 @@ class DeltaStateStore(StateStore):
         return os.path.join(self.root, "state", name)
 
     def _table_names(self) -> list[str]:
-        base = os.path.join(self.root, "state")
-        return sorted(os.listdir(base)) if os.path.isdir(base) else []
+        return location.listdir(os.path.join(self.root, "state"))
 
     def _pinned(self, table: str) -> DeltaTable:
         """Trace ``table`` at the version this state pins, opened once per version (a

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -37,8 +37,10 @@ from circuits.spark import ENGINE_CONF, map_in_arrow
 from circuits.state import DEST, FILE, branches, pack, packed_columns, part_column
 from circuits.zset import add, empty_like
 
+from . import location
 from .errors import CorruptTableError, StaleWriterError, StorageError
-from .tables import TABLE_CONFIG, ensure_table, open_table
+from .location import ObjectStore
+from .tables import TABLE_CONFIG, ensure_table, open_table, parquet_dataset
 
 FILES_SCHEMA = T.StructType(
     [
@@ -80,12 +82,14 @@ def _stats(table: pa.Table) -> str:
 class Target:
     """Where the writer puts a destination's rows: table ``uri`` of ``schema``; with ``order``,
     a piece of more than ``rows`` rows is sorted by those columns and cut into files of
-    ``rows`` rows (see :func:`cut`)."""
+    ``rows`` rows (see :func:`cut`); ``store``: how the writer reaches ``uri`` when it is
+    on an object store (an executor has no registry of :mod:`storage.location`)."""
 
     uri: str
     schema: pa.Schema
     order: tuple[str, ...] = ()
     rows: int = 0
+    store: ObjectStore | None = None
 
 
 def cut(data: pa.Table, order: tuple[str, ...], rows: int) -> list[pa.Table]:
@@ -126,19 +130,22 @@ def _writer(targets: dict[int, Target]) -> Callable[[Iterator[pa.RecordBatch]], 
         for (dest, key), tables in pieces.items():
             target = targets[dest]
             for data in cut(pa.concat_tables(tables), target.order, target.rows):
-                name, size, stats = write_file(target.uri, key, data)
+                name, size, stats = write_file(target.uri, key, data, target.store)
                 described.append((dest, name, size, data.num_rows, stats))
         yield pa.RecordBatch.from_pylist([dict(zip(FILES_SCHEMA.names, d)) for d in described], schema=described_schema)
 
     return write
 
 
-def write_file(uri: str, key: object, data: pa.Table) -> tuple[str, int, str]:
-    """Writes ``data`` as a new data file of the table at ``uri`` (named by :func:`file_name`);
-    returns its name, size and statistics."""
+def write_file(uri: str, key: object, data: pa.Table, store: ObjectStore | None = None) -> tuple[str, int, str]:
+    """Writes ``data`` as a new data file of the table at ``uri`` (named by :func:`file_name`;
+    ``store``: see :class:`Target`); returns its name, size and statistics."""
     name = file_name(key)
-    pq.write_table(data, os.path.join(uri, name))
-    return name, os.path.getsize(os.path.join(uri, name)), _stats(data)
+    fs, path = location.filesystem(os.path.join(uri, name), store)
+    with fs.open_output_stream(path) as out:
+        pq.write_table(data, out)
+        size = out.tell()
+    return name, size, _stats(data)
 
 
 def write_local(uri: str, schema: pa.Schema, pieces: dict[object, pa.Table]) -> WrittenFiles:
@@ -227,7 +234,7 @@ def write_tables(
         # An existing table's schema is the frame's (a writer's cast fails otherwise), and
         # reading it from the Delta log saves a round trip to Spark.
         schema = ensured_schema(uri, lambda df=df: arrow_schema(df.drop(FILE).schema))
-        targets[i] = Target(uri, schema, orders.get(name, ()), rows)
+        targets[i] = Target(uri, schema, orders.get(name, ()), rows, location.store_of(uri))
     frames = {name: df for name, (_, df) in parts.items()}
     writer = _writer(targets)
     if apart(size):
@@ -364,7 +371,12 @@ def paths(table: DeltaTable) -> list[str]:
 
 def delta_tables(root: str) -> list[str]:
     """Every Delta table at or under ``root``."""
-    return [d for d, subdirs, _ in os.walk(root) if "_delta_log" in subdirs]
+    fs, path = location.filesystem(root)
+    found = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    # An object store lists no folders of its own: a table is where a _delta_log/ key begins.
+    tables = {f.path.partition("/_delta_log/")[0] for f in found if "/_delta_log/" in f.path}
+    tables |= {f.path.removesuffix("/_delta_log") for f in found if f.path.endswith("/_delta_log")}
+    return sorted(root.rstrip("/") + t.removeprefix(path.rstrip("/")) for t in tables)
 
 
 def transaction_version(uri: str, app_id: str) -> int | None:
@@ -429,7 +441,7 @@ def read_files(
     if not paths:
         return empty_like(spark.createDataFrame([], schema))
     _check_present(uri, paths, version)
-    return spark.read.schema(schema).parquet(*paths)
+    return spark.read.schema(schema).parquet(*map(location.spark_path, paths))
 
 
 def read_matching(
@@ -443,7 +455,7 @@ def read_matching(
     for column, values in keys.items():
         listed = pc.field(column).isin(values.cast(schema.field(column).type))
         condition = listed if condition is None else condition & listed
-    files = ds.dataset([p.removeprefix("file://") for p in paths], schema=schema, format="parquet")
+    files = parquet_dataset(paths, schema)
     batches, rows = [], 0
     for batch in files.to_batches(filter=condition):
         rows += batch.num_rows
@@ -454,7 +466,8 @@ def read_matching(
 
 
 def _check_present(uri: str, paths: list[str], version: int | None) -> None:
-    missing = [p for p in paths if not os.path.exists(p.removeprefix("file://"))]
+    # A file on an object store is not asked for ahead (a request each): its read names it.
+    missing = [p for p in paths if not location.remote(p) and not location.exists(p)]
     if missing:
         at = "" if version is None else f" version {version}"
         raise CorruptTableError(

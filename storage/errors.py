@@ -51,3 +51,12 @@ class ViewError(StorageError):
 class NegativeViewError(ViewError):
     """A sink's change log adds up to a negative count for some row: the circuit, or the
     input's retractions, deleted rows that were never there.  The view is not updated."""
+
+
+class StoreUnreachableError(StorageError):
+    """The store's object storage refused or did not answer; ``setting`` is the store's
+    setting to fix (``endpoint``, ``root``: its bucket, or ``access_key_id``: the credentials)."""
+
+    def __init__(self, setting: str, message: str):
+        super().__init__(message)
+        self.setting = setting

@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 import os
 
+from . import location
+
 FIGURES = "_gateway"
 
 
 def record_figures(root: str, step: int, figures: dict) -> None:
     """Keeps the gateway's per-source figures as they stood when ``step`` was cut."""
-    os.makedirs(os.path.join(root, FIGURES), exist_ok=True)
-    path = os.path.join(root, FIGURES, f"{step:010d}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(figures, f)
-    os.replace(path + ".tmp", path)
+    location.write_text(os.path.join(root, FIGURES, f"{step:010d}.json"), json.dumps(figures))
 
 
 UNFLUSHED = "_gateway_unflushed"
@@ -28,20 +26,17 @@ UNFLUSHED = "_gateway_unflushed"
 
 def record_unflushed(root: str, step: int, reason: str) -> None:
     """Keeps why ``step`` was cut without the gateway's flush."""
-    os.makedirs(os.path.join(root, UNFLUSHED), exist_ok=True)
-    with open(os.path.join(root, UNFLUSHED, f"{step:010d}.txt"), "w") as f:
-        f.write(reason)
+    location.write_text(os.path.join(root, UNFLUSHED, f"{step:010d}.txt"), reason)
 
 
 def unflushed_steps(root: str, first: int, last: int) -> dict[int, str]:
     """The steps of ``first..last`` cut without the gateway's flush, with why."""
     directory = os.path.join(root, UNFLUSHED)
-    steps = [int(name[:10]) for name in os.listdir(directory)] if os.path.isdir(directory) else []
-    reasons = {}
-    for step in sorted(s for s in steps if first <= s <= last):
-        with open(os.path.join(directory, f"{step:010d}.txt")) as f:
-            reasons[step] = f.read()
-    return reasons
+    steps = [int(name[:10]) for name in location.listdir(directory)]
+    return {
+        step: location.read_text(os.path.join(directory, f"{step:010d}.txt"))
+        for step in sorted(s for s in steps if first <= s <= last)
+    }
 
 
 def figures_of_steps(root: str, first: int, last: int) -> dict | None:
@@ -49,7 +44,7 @@ def figures_of_steps(root: str, first: int, last: int) -> dict | None:
     buffer and errors between the cut before ``first`` and the cut of ``last`` (None when
     no gateway figures were kept for them)."""
     directory = os.path.join(root, FIGURES)
-    kept = sorted(int(name[:10]) for name in os.listdir(directory)) if os.path.isdir(directory) else []
+    kept = sorted(int(name[:10]) for name in location.listdir(directory))
     upto = [s for s in kept if s <= last]
     if not upto or upto[-1] < first:
         return None
@@ -64,5 +59,4 @@ def figures_of_steps(root: str, first: int, last: int) -> dict | None:
 
 
 def _load(directory: str, step: int) -> dict:
-    with open(os.path.join(directory, f"{step:010d}.json")) as f:
-        return json.load(f)
+    return json.loads(location.read_text(os.path.join(directory, f"{step:010d}.json")))

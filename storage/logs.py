@@ -21,6 +21,7 @@ from circuits.records import TIMESTAMPS, Culprit
 from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT, with_weight_schema
 
+from . import location
 from .delta import (
     WrittenFiles,
     add_actions,
@@ -173,6 +174,7 @@ class DivisionLog:
                 mode="append",
                 configuration=TABLE_CONFIG,
                 commit_properties=CommitProperties(app_transactions=[Transaction("division", step)]),
+                storage_options=location.delta_options(self.uri),
             )
 
     def last_recorded_at(self) -> float | None:

@@ -27,7 +27,6 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -39,6 +38,7 @@ from circuits.runner import StepResult, StepRunner
 from circuits.vnodes import Layout
 from circuits.zset import WEIGHT
 
+from . import location
 from .database import READS, STATE_FORMAT, DeltaStateStore, Relayout, latest_checkpoint
 from .delta import delta_tables
 from .errors import CancelledError, InputTimeoutError, StaleWriterError, StepOrderError, ViewError
@@ -47,6 +47,7 @@ from .lease import Holder, Lease, LeaseRecord
 from .logs import DivisionLog, InputLog, OutputLog, Range, records
 from .logs import StepInput as LoggedInput
 from .sinks import Sinks
+from .tables import open_table
 from .views import CurrentViews, retained_view_versions
 
 
@@ -140,6 +141,14 @@ def status(root: str) -> Status:
     )
 
 
+def reach(spark: SparkSession, store: location.ObjectStore) -> None:
+    """Makes ``spark``'s reads reach ``store`` (its ``s3a`` settings, on the session)."""
+    conf = store.hadoop_conf()
+    if any(spark.conf.get(k, None) != v for k, v in conf.items()):
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+
+
 class Pipeline:
     def __init__(
         self,
@@ -163,6 +172,8 @@ class Pipeline:
             )
         self.spark = spark
         self.root = root
+        if store := location.store_of(root):
+            reach(spark, store)
         self.circuit = circuit
         self.workers = workers
         self.divisions = DivisionLog(root)
@@ -420,7 +431,7 @@ class Pipeline:
         keep |= retained_view_versions(self.root)
         deleted = []
         for uri in delta_tables(self.root):
-            table = DeltaTable(uri)
+            table = open_table(uri)
             versions = sorted(keep.get(uri, set()) | {table.version()})
             deleted += table.vacuum(
                 retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True, keep_versions=versions

@@ -6,7 +6,6 @@ What a process that must not load PySpark needs (the gateway's cursor table is o
 
 from __future__ import annotations
 
-import os
 import time
 
 import pyarrow as pa
@@ -14,6 +13,7 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
+from . import location
 from .errors import CorruptTableError, StorageError
 
 TABLE_CONFIG = {
@@ -31,11 +31,17 @@ TABLE_CONFIG = {
 def ensure_table(uri: str, schema: pa.Schema) -> DeltaTable:
     for _ in range(50):
         try:
-            return DeltaTable(uri)
+            return DeltaTable(uri, storage_options=location.delta_options(uri))
         except TableNotFoundError:
-            os.makedirs(uri, exist_ok=True)
+            location.makedirs(uri)
             try:
-                return DeltaTable.create(uri, schema, mode="ignore", configuration=TABLE_CONFIG)
+                return DeltaTable.create(
+                    uri,
+                    schema,
+                    mode="ignore",
+                    configuration=TABLE_CONFIG,
+                    storage_options=location.delta_options(uri),
+                )
             except (CommitFailedError, OSError):
                 time.sleep(0.01)  # another writer is creating it at this moment: open theirs
     raise StorageError(f"cannot create or open the Delta table {uri}")
@@ -44,7 +50,7 @@ def ensure_table(uri: str, schema: pa.Schema) -> DeltaTable:
 def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
     """The table at ``version`` (latest when None), or None when it does not exist."""
     try:
-        return DeltaTable(uri, version=version)
+        return DeltaTable(uri, version=version, storage_options=location.delta_options(uri))
     except TableNotFoundError:
         return None
     except (DeltaError, OSError) as e:
@@ -60,7 +66,13 @@ def dataset(table: DeltaTable, pruning: list[tuple] | None = None) -> ds.Dataset
     files = table.file_uris(file_pruning_predicate=pruning)
     if not files:
         return ds.dataset(pa.schema(table.schema().to_arrow()).empty_table())
-    return ds.dataset(files, format="parquet")
+    return parquet_dataset(files)
+
+
+def parquet_dataset(files: list[str], schema: pa.Schema | None = None) -> ds.Dataset:
+    """The Parquet files ``files`` (URIs of one store) as one dataset."""
+    fs = location.filesystem(files[0])[0]
+    return ds.dataset([location.filesystem(f)[1] for f in files], schema=schema, format="parquet", filesystem=fs)
 
 
 def groupable(table: DeltaTable) -> bool:

@@ -46,7 +46,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -55,6 +54,7 @@ from circuits.sharding import VNODE, vnode_of
 from circuits.state import FILE
 from circuits.zset import WEIGHT
 
+from . import location
 from .database import CHECKPOINTS, _checkpoint_rows, _openable, latest_checkpoint
 from .delta import (
     WrittenFiles,
@@ -68,8 +68,9 @@ from .delta import (
     write_tables,
 )
 from .errors import CorruptTableError, NegativeViewError, ViewError
+from .location import spark_path
 from .logs import STEP, files_of_steps, output_uri
-from .tables import dataset, ensure_table, groupable, open_table
+from .tables import dataset, ensure_table, groupable, open_table, parquet_dataset
 
 VIEWS_KEY = "views"
 """Checkpoint meta: ``{sink: view table version}`` as of the checkpoint's step."""
@@ -349,8 +350,8 @@ def register_views(spark: SparkSession, schema: str, uris: dict[str, str]) -> No
     ``VERSION AS OF``); an existing one is left as it is."""
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}")
     for name, uri in uris.items():
-        location = uri.replace("\\", "\\\\").replace("'", "\\'")
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {_quoted(schema)}.{_quoted(name)} USING delta LOCATION '{location}'")
+        path = spark_path(uri).replace("\\", "\\\\").replace("'", "\\'")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {_quoted(schema)}.{_quoted(name)} USING delta LOCATION '{path}'")
 
 
 def _quoted(identifier: str) -> str:
@@ -382,7 +383,7 @@ def _refuse_negative(sink: str, files: WrittenFiles, first: int, step: int) -> N
     aside = [os.path.join(files.uri, a.path) for a in files.actions if file_key(a.path) == NEGATIVE]
     if not aside:
         return
-    totals = Counter(tuple(r.values()) for path in aside for r in pq.read_table(path).to_pylist())
+    totals = Counter(tuple(r.values()) for r in parquet_dataset(aside).to_table().to_pylist())
     examples = ", ".join(f"{row} x {-n}" for row, n in totals.most_common(5))
     raise NegativeViewError(
         f"view {sink!r}, steps {first}..{step}: the change log adds up to a negative count for {len(totals)} row(s), "
@@ -427,9 +428,9 @@ def read_view(root: str, sink: str, step: int | None = None, limit: int | None =
     version = json.loads(meta.get(VIEWS_KEY, "{}")).get(sink) if step is None else None
     if version is None:
         version = _version_of_step(uri, sink, at, committed)
-    table = DeltaTable(uri, version=version)
+    table = open_table(uri, version)
     files = table.file_uris()
-    if any(not os.path.exists(f.removeprefix("file://")) for f in files):
+    if not all(map(location.exists, files)):
         kept = sorted(
             s
             for s, v in step_versions(uri).items()
@@ -461,8 +462,7 @@ def _version_of_step(uri: str, sink: str, step: int, committed: int) -> int:
 
 
 def list_views(root: str) -> list[str]:
-    base = os.path.join(root, "views")
-    return sorted(os.listdir(base)) if os.path.isdir(base) else []
+    return location.listdir(os.path.join(root, "views"))
 
 
 def retained_view_versions(root: str) -> dict[str, set[int]]:

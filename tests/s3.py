@@ -6,14 +6,17 @@ Precondition Failed), which Delta's commits on S3 rest on
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from circuits.daemon import free_port, listening
+from storage.location import ObjectStore, reach_store
 
 ACCESS_KEY, SECRET_KEY, REGION = "dbsp-test", "dbsp-test-secret", "us-east-1"
 
@@ -33,6 +36,19 @@ class S3Server:
             region_name=REGION,
         )
 
+    def store(self) -> ObjectStore:
+        return ObjectStore(self.endpoint, REGION, ACCESS_KEY, SECRET_KEY)
+
+    def reach(self, root: str) -> None:
+        """Makes this process reach ``root`` (``s3://bucket/...``) on this server."""
+        reach_store(root, self.store())
+
+    def bucket(self) -> str:
+        """A new, empty bucket."""
+        name = f"dbsp-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
     def delta_options(self) -> dict[str, str]:
         """delta-rs's storage options for this server, committing by conditional put."""
         return {
@@ -46,10 +62,13 @@ class S3Server:
 
 
 @contextmanager
-def s3_server(timeout: float = 60.0) -> Iterator[S3Server]:
+def s3_server(timeout: float = 60.0, env: dict[str, str] | None = None) -> Iterator[S3Server]:
+    """The server, on a free port; ``env`` adds to its environment (moto's settings)."""
     port = free_port()
     command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+    )
     try:
         deadline = time.monotonic() + timeout
         while not listening(port, timeout=0.5):

@@ -1,5 +1,6 @@
 """The JAR resolver: names, a given folder, and Maven's failures as the user sees them."""
 
+import glob
 import os
 
 import pytest
@@ -67,3 +68,9 @@ def test_the_decoder_is_compiled_once_and_a_machine_without_javac_is_told_what_t
     monkeypatch.setenv("PATH", str(tmp_path))  # no javac there
     with pytest.raises(jvm.JarResolutionError, match="javac, which is not on PATH: install a Java 17 JDK"):
         jvm.decoder_jar(progress=said.append)
+
+
+def test_hadoop_aws_is_pinned_at_the_hadoop_of_the_pyspark_wheel():
+    wheel = glob.glob(os.path.join(jvm._pyspark_jars_dir(), "hadoop-client-api-*.jar"))
+    assert [os.path.basename(j) for j in wheel] == [f"hadoop-client-api-{jvm.HADOOP_VERSION}.jar"]
+    assert f"org.apache.hadoop:hadoop-aws:{jvm.HADOOP_VERSION}" in jvm.SPARK.artifacts

@@ -77,7 +77,11 @@ def test_a_bad_pipeline_setting_is_named_with_its_fix(spark, change, named):
                 "(expected: port of the embedded broker (its controller takes the next port))",
             ],
         ),
-        ({"store": {"root": "s3://bucket/pipelines"}}, ["resources.store.root", "mount"]),
+        ({"store": {"root": "gs://bucket/pipelines"}}, ["resources.store.root", "not gs://", "mount"]),
+        ({"store": {"root": "s3:///pipelines"}}, ["resources.store.root", "name the bucket"]),
+        ({"store": {"root": "/data", "endpoint": "http://minio:9000"}}, ["endpoint", "is not s3://"]),
+        ({"store": {"root": "s3://b/p", "endpoint": "minio:9000"}}, ["resources.store.endpoint", "http://host:port"]),
+        ({"store": {"root": "s3://b/p", "access_key_id": "k"}}, ["access_key_id and secret_access_key", "both"]),
         # Misspelled, each would fall back to its default (another user's port, say).
         ({"spark": {"embeded_port": 15202}}, ["resources.spark.embeded_port", "did you mean 'embedded_port'?"]),
         (

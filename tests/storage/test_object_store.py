@@ -3,7 +3,6 @@ depend on it: a commit on S3 is a conditional put of the version's log file, so 
 committers of one version exactly one may win, and the loser must be told."""
 
 import threading
-import uuid
 
 import pyarrow as pa
 import pytest
@@ -24,9 +23,7 @@ def s3():
 
 @pytest.fixture
 def bucket(s3) -> str:
-    name = f"dbsp-{uuid.uuid4().hex[:12]}"
-    s3.client().create_bucket(Bucket=name)
-    return name
+    return s3.bucket()
 
 
 def at_once(count: int, action) -> list:

@@ -6,6 +6,7 @@ every ``interval`` steps; ``DBSP_FAULT`` makes it kill itself at a named fault p
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from collections import Counter
@@ -16,6 +17,7 @@ from storage.logs import Range
 from storage.pipeline import Pipeline
 
 EVENTS_PER_STEP = 50
+S3_ENDPOINT_ENV = "DBSP_TEST_S3_ENDPOINT"
 TEST_SPARK_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
@@ -67,8 +69,7 @@ def output_log(pipeline: Pipeline, steps: int) -> dict[str, Counter]:
 
 def views_match_logs(pipeline: Pipeline, steps: int) -> dict[str, tuple[Counter, Counter]]:
     """Per output, (its current view's rows, the integral of its change log), to compare."""
-    from deltalake import DeltaTable
-
+    from storage.tables import dataset, open_table
     from storage.views import view_uri
 
     found = {}
@@ -77,7 +78,7 @@ def views_match_logs(pipeline: Pipeline, steps: int) -> dict[str, tuple[Counter,
         for r in pipeline.outputs.read(handle, 0, steps).collect():
             integral[tuple(v for k, v in r.asDict().items() if k not in ("_weight", "_step"))] += r["_weight"]
         view = Counter(
-            tuple(r.values()) for r in DeltaTable(view_uri(pipeline.root, handle)).to_pyarrow_table().to_pylist()
+            tuple(r.values()) for r in dataset(open_table(view_uri(pipeline.root, handle))).to_table().to_pylist()
         )
         found[handle] = (view, +integral)
     return found
@@ -88,6 +89,10 @@ if __name__ == "__main__":
     # An optional fifth argument is a Spark master URL (the standalone cluster test) or a
     # Spark Connect server's.
     master = sys.argv[5] if len(sys.argv) > 5 else "local[1]"
+    if root.startswith("s3://"):  # the test's S3-compatible server (tests/s3.py), named by the test
+        from tests.s3 import S3Server
+
+        S3Server(os.environ[S3_ENDPOINT_ENV]).reach(root)
     spark = remote_session(master) if master.startswith("sc://") else session(master, "crash-worker", TEST_SPARK_CONF)
     drive(spark, root, seed, steps, interval)
 
@@ -96,19 +101,19 @@ def delta_spark_differences(spark, root: str) -> list[str]:
     """Every Delta table under ``root`` read by delta-spark (``format("delta")``), at its
     latest version and, by time travel (``versionAsOf``), at the one before, against the
     same versions read by delta-rs: the tables and versions whose rows differ."""
-    from deltalake import DeltaTable
-
     from storage.delta import delta_tables
+    from storage.location import spark_path
+    from storage.tables import dataset, open_table
 
     def normal(rows) -> Counter:
         return Counter(tuple(sorted((k, str(v)) for k, v in r.items())) for r in rows)
 
     differences = []
     for path in delta_tables(root):
-        latest = DeltaTable(path).version()
+        latest = open_table(path).version()
         for version in sorted({latest, max(latest - 1, 0)}):
-            expected = normal(DeltaTable(path, version=version).to_pyarrow_table().to_pylist())
-            read = spark.read.format("delta").option("versionAsOf", version).load(path)
+            expected = normal(dataset(open_table(path, version)).to_table().to_pylist())
+            read = spark.read.format("delta").option("versionAsOf", version).load(spark_path(path))
             if normal(r.asDict() for r in read.collect()) != expected:
                 differences.append(f"{path}@{version}")
     return differences
