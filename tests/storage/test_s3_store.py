@@ -69,9 +69,9 @@ def test_a_kill_9_mid_step_on_s3_recovers_with_nothing_lost_or_duplicated(
 ):
     monkeypatch.setenv(workload.S3_ENDPOINT_ENV, s3.endpoint)
     for fault, kill_after in [("after_output:1", None), ("during_commit:2", None), (None, 6.0)]:
-        run_root = f"{root}-{fault or 'random'}".replace(":", "-")
+        run_root = f"{root}-{(fault or 'random').replace(':', '-')}"
         s3.reach(run_root)
-        crash(run_root, fault, kill_after, worker_spark)
+        assert crash(run_root, fault, kill_after, worker_spark) or fault is None, f"{fault} was not reached"
         pipeline = workload.drive(spark, run_root, 0, STEPS, INTERVAL)
         assert workload.output_log(pipeline, STEPS) == reference, fault
         assert_views_are_their_logs_integrals(pipeline)
