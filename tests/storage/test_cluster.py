@@ -15,6 +15,10 @@ import urllib.request
 import pyspark
 import pytest
 
+from circuits.spark import connect_server, stop_connect_server
+from storage import location
+
+from ..s3 import s3_server
 from . import workload
 
 STEPS, INTERVAL = 4, 2
@@ -109,24 +113,57 @@ def executors() -> list[int]:
     return found
 
 
-@pytest.mark.slow
-def test_killing_an_executor_mid_step_does_not_change_the_output(spark, cluster, tmp_path):
-    reference = workload.output_log(workload.drive(spark, str(tmp_path / "local"), 3, STEPS, INTERVAL), STEPS)
-    root = str(tmp_path / "cluster")
+def run_killing_an_executor(root: str, spark_url: str, started, env: dict[str, str] | None = None) -> None:
+    """Runs the workload at ``root`` on ``spark_url`` in a process of its own and kills one
+    executor once ``started()`` (the pipeline is inside its steps); the run must succeed."""
     run = subprocess.Popen(
-        [sys.executable, "-m", "tests.storage.workload", root, "3", str(STEPS), str(INTERVAL), cluster],
+        [sys.executable, "-m", "tests.storage.workload", root, "3", str(STEPS), str(INTERVAL), spark_url],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
     )
-    # Wait until the pipeline is inside its steps (its first state table exists), then kill one executor.
     deadline = time.monotonic() + 240
-    while not os.path.isdir(os.path.join(root, "state")) and run.poll() is None:
+    while not started() and run.poll() is None:
         assert time.monotonic() < deadline, "the pipeline never started its steps"
         time.sleep(0.2)
     time.sleep(random.uniform(0.0, 1.5))
     running = executors()
-    assert len(running) == 2 and run.poll() is None, running
+    assert len(running) == 2 and run.poll() is None, (running, run.poll() is None or run.stderr.read()[-3000:])
     os.kill(random.choice(running), signal.SIGKILL)
     _, errors = run.communicate(timeout=600)
     assert run.returncode == 0, errors.decode()[-3000:]
+
+
+@pytest.mark.slow
+def test_killing_an_executor_mid_step_does_not_change_the_output(spark, cluster, tmp_path):
+    reference = workload.output_log(workload.drive(spark, str(tmp_path / "local"), 3, STEPS, INTERVAL), STEPS)
+    root = str(tmp_path / "cluster")
+    run_killing_an_executor(root, cluster, lambda: os.path.isdir(os.path.join(root, "state")))
     assert workload.output_log(workload.drive(spark, root, 3, STEPS, INTERVAL), STEPS) == reference
+
+
+@pytest.mark.slow
+def test_a_spark_connect_server_driving_the_cluster_with_the_store_on_s3_survives_a_killed_executor(
+    spark, cluster, tmp_path
+):
+    """The mode every ``dagster dev`` run uses, with no disk shared by the driver, the
+    executors and the test: the Connect server is the cluster's driver, the store a bucket."""
+    reference = workload.output_log(workload.drive(spark, str(tmp_path / "local"), 3, STEPS, INTERVAL), STEPS)
+    state_dir, port = str(tmp_path / "connect"), free_port()
+    url = connect_server(state_dir, port, master=cluster, driver_memory="1g", conf=workload.TEST_SPARK_CONF)
+    try:
+        with s3_server() as s3:
+            root = f"s3://{s3.bucket()}/pipelines/p"
+            s3.reach(root)
+            state = f"{root}/state/"
+
+            def started() -> bool:
+                return any(location.listdir(state))
+
+            run_killing_an_executor(root, url, started, {workload.S3_ENDPOINT_ENV: s3.endpoint})
+            recovered = workload.drive(spark, root, 3, STEPS, INTERVAL)
+            assert workload.output_log(recovered, STEPS) == reference
+            for handle, (view, integral) in workload.views_match_logs(recovered, STEPS).items():
+                assert view and view == integral, handle
+    finally:
+        stop_connect_server(state_dir, port)

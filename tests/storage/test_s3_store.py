@@ -64,7 +64,7 @@ def test_a_kill_9_mid_step_on_s3_recovers_with_nothing_lost_or_duplicated(
     s3,
     root,
     reference,
-    worker_spark,
+    worker_spark,  # noqa: F811 (the fixture imported above)
     monkeypatch,
 ):
     monkeypatch.setenv(workload.S3_ENDPOINT_ENV, s3.endpoint)
