@@ -11,9 +11,12 @@ median wall seconds of the step (submit + run: input write, plan, job, commits),
 compute-and-write phase, and, over Connect, round trips to the server per step by kind
 (ExecutePlan runs a job or a command, AnalyzePlan asks for a schema or caches, Config
 sets a setting).  Finally it checks each mode's maintained q4 against Spark batch SQL
-over its input log.
+over its input log.  ``--stores local s3`` runs each mode with the store on the local disk
+and on an S3-compatible server (moto's, started for the run: ``tests/s3.py``), and prints
+the ratio of their steps.
 
     python bench/lean_steps.py --events 1000 --steps 5
+    python bench/lean_steps.py --events 1000 --steps 5 --modes connect --stores local s3
 
 ``LEAN_TRACE=1`` prints every round trip (RPC, seconds, call site) to stderr, see
 :func:`circuits.spark.round_trips`.
@@ -123,46 +126,60 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="measured steps of each kind (medians)")
     parser.add_argument("--warmup", type=int, default=2, help="unrecorded steps of each kind first")
     parser.add_argument("--modes", nargs="+", default=["connect", "classic"], choices=["connect", "classic"])
+    parser.add_argument("--stores", nargs="+", default=["local"], choices=["local", "s3"])
     parser.add_argument("--mode", help=argparse.SUPPRESS)  # a child process measuring one mode
     parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--s3", help=argparse.SUPPRESS)  # the child's store: this S3 server's new bucket
     args = parser.parse_args()
     if args.mode:
-        root = tempfile.mkdtemp(prefix=f"dbsp-lean-{args.mode}-")
-        try:
-            print(json.dumps(measure(args.mode, args.url, args.events, args.steps, args.warmup, root)))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+        print(json.dumps(child_figures(args)))
         return
     from circuits.daemon import free_port
     from circuits.spark import connect_server, stop_connect_server
+    from tests.s3 import s3_server
 
     state_dir, port = tempfile.mkdtemp(prefix="dbsp-lean-server-"), free_port()
     url = connect_server(state_dir, port) if "connect" in args.modes else None
     lines = [f"demo circuit, {args.events} events per step, {args.steps} steps after {args.warmup} warm-up, medians"]
+    steps: dict[tuple[str, str], float] = {}
     try:
-        for mode in args.modes:
-            child = [
-                sys.executable,
-                __file__,
-                "--mode",
-                mode,
-                "--url",
-                url or "",
-                "--events",
-                str(args.events),
-                "--steps",
-                str(args.steps),
-                "--warmup",
-                str(args.warmup),
-            ]
-            # A trace goes to the terminal; otherwise the children's Spark logging is dropped.
-            err = None if os.environ.get("LEAN_TRACE") else subprocess.DEVNULL
-            out = subprocess.run(child, check=True, stdout=subprocess.PIPE, stderr=err, text=True).stdout
-            lines += summary(mode, json.loads(out.strip().splitlines()[-1]))
+        with s3_server() if "s3" in args.stores else contextlib.nullcontext() as s3:
+            for mode in args.modes:
+                for store in args.stores:
+                    child = [sys.executable, __file__, "--mode", mode, "--url", url or "", "--events", str(args.events)]
+                    child += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+                    child += ["--s3", s3.endpoint] if store == "s3" else []
+                    # A trace goes to the terminal; otherwise the children's Spark logging is dropped.
+                    err = None if os.environ.get("LEAN_TRACE") else subprocess.DEVNULL
+                    out = subprocess.run(child, check=True, stdout=subprocess.PIPE, stderr=err, text=True).stdout
+                    figures = json.loads(out.strip().splitlines()[-1])
+                    steps[mode, store] = statistics.median(figures["step"])
+                    lines += summary(mode if len(args.stores) == 1 else f"{mode}/{store}", figures)
     finally:
         if url:
             stop_connect_server(state_dir, port)
+    for mode in args.modes:
+        if len(args.stores) == 2:
+            lines.append(
+                f"{mode}: a step with the store on S3 / on the local disk: {steps[mode, 's3'] / steps[mode, 'local']:.2f}x"
+            )
     print("\n".join(lines))
+
+
+def child_figures(args) -> dict:
+    """One mode's figures, the store in a new temporary folder or bucket."""
+    if args.s3:
+        from tests.s3 import S3Server
+
+        server = S3Server(args.s3)
+        root = f"s3://{server.bucket()}/lean"
+        server.reach(root)
+        return measure(args.mode, args.url, args.events, args.steps, args.warmup, root)
+    root = tempfile.mkdtemp(prefix=f"dbsp-lean-{args.mode}-")
+    try:
+        return measure(args.mode, args.url, args.events, args.steps, args.warmup, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
