@@ -12,11 +12,13 @@ compute-and-write phase, and, over Connect, round trips to the server per step b
 (ExecutePlan runs a job or a command, AnalyzePlan asks for a schema or caches, Config
 sets a setting).  Finally it checks each mode's maintained q4 against Spark batch SQL
 over its input log.  ``--stores local s3`` runs each mode with the store on the local disk
-and on an S3-compatible server (moto's, started for the run: ``tests/s3.py``), and prints
-the ratio of their steps.
+and on an S3-compatible server (moto's, started for the run: ``tests/s3.py``); ``--modes
+connect cluster`` runs the Connect server on ``local[2]`` and as the driver of a standalone
+cluster of two one-core workers (``tests/cluster.py``); each prints the ratio of the steps.
 
     python bench/lean_steps.py --events 1000 --steps 5
     python bench/lean_steps.py --events 1000 --steps 5 --modes connect --stores local s3
+    python bench/lean_steps.py --events 100000 --steps 3 --warmup 1 --modes connect cluster
 
 ``LEAN_TRACE=1`` prints every round trip (RPC, seconds, call site) to stderr, see
 :func:`circuits.spark.round_trips`.
@@ -35,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,6 +46,7 @@ from circuits.library.nexmark import NexmarkGenerator, nexmark_inputs
 from circuits.library.nexmark_queries import RECOMPUTE_SQL
 from storage.logs import Range, read_steps
 from storage.pipeline import Pipeline
+from tests.s3 import s3_server
 
 
 def measure(mode: str, url: str | None, events: int, steps: int, warmup: int, root: str) -> dict:
@@ -125,7 +129,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1000, help="Nexmark events per step")
     parser.add_argument("--steps", type=int, default=5, help="measured steps of each kind (medians)")
     parser.add_argument("--warmup", type=int, default=2, help="unrecorded steps of each kind first")
-    parser.add_argument("--modes", nargs="+", default=["connect", "classic"], choices=["connect", "classic"])
+    parser.add_argument("--modes", nargs="+", default=["connect", "classic"], choices=["connect", "classic", "cluster"])
     parser.add_argument("--stores", nargs="+", default=["local"], choices=["local", "s3"])
     parser.add_argument("--mode", help=argparse.SUPPRESS)  # a child process measuring one mode
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -134,36 +138,50 @@ def main() -> None:
     if args.mode:
         print(json.dumps(child_figures(args)))
         return
-    from circuits.daemon import free_port
-    from circuits.spark import connect_server, stop_connect_server
-    from tests.s3 import s3_server
-
-    state_dir, port = tempfile.mkdtemp(prefix="dbsp-lean-server-"), free_port()
-    url = connect_server(state_dir, port) if "connect" in args.modes else None
     lines = [f"demo circuit, {args.events} events per step, {args.steps} steps after {args.warmup} warm-up, medians"]
     steps: dict[tuple[str, str], float] = {}
-    try:
-        with s3_server() if "s3" in args.stores else contextlib.nullcontext() as s3:
-            for mode in args.modes:
-                for store in args.stores:
-                    child = [sys.executable, __file__, "--mode", mode, "--url", url or "", "--events", str(args.events)]
-                    child += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-                    child += ["--s3", s3.endpoint] if store == "s3" else []
-                    # A trace goes to the terminal; otherwise the children's Spark logging is dropped.
-                    err = None if os.environ.get("LEAN_TRACE") else subprocess.DEVNULL
-                    out = subprocess.run(child, check=True, stdout=subprocess.PIPE, stderr=err, text=True).stdout
-                    figures = json.loads(out.strip().splitlines()[-1])
-                    steps[mode, store] = statistics.median(figures["step"])
-                    lines += summary(mode if len(args.stores) == 1 else f"{mode}/{store}", figures)
-    finally:
-        if url:
-            stop_connect_server(state_dir, port)
+    with contextlib.ExitStack() as stack:
+        s3 = stack.enter_context(s3_server()) if "s3" in args.stores else None
+        for mode in args.modes:
+            url = stack.enter_context(connect_server_on(mode)) if mode != "classic" else ""
+            for store in args.stores:
+                child = [sys.executable, __file__, "--mode", "classic" if mode == "classic" else "connect"]
+                child += ["--url", url, "--events", str(args.events), "--steps", str(args.steps)]
+                child += ["--warmup", str(args.warmup), *(["--s3", s3.endpoint] if store == "s3" else [])]
+                # A trace goes to the terminal; otherwise the children's Spark logging is dropped.
+                err = None if os.environ.get("LEAN_TRACE") else subprocess.DEVNULL
+                out = subprocess.run(child, check=True, stdout=subprocess.PIPE, stderr=err, text=True).stdout
+                figures = json.loads(out.strip().splitlines()[-1])
+                steps[mode, store] = statistics.median(figures["step"])
+                lines += summary(mode if len(args.stores) == 1 else f"{mode}/{store}", figures)
     for mode in args.modes:
         if len(args.stores) == 2:
-            lines.append(
-                f"{mode}: a step with the store on S3 / on the local disk: {steps[mode, 's3'] / steps[mode, 'local']:.2f}x"
-            )
+            ratio = steps[mode, "s3"] / steps[mode, "local"]
+            lines.append(f"{mode}: a step with the store on S3 / on the local disk: {ratio:.2f}x")
+    for store in args.stores:
+        if {"cluster", "connect"} <= set(args.modes):
+            ratio = steps["cluster", store] / steps["connect", store]
+            lines.append(f"{store} store: a step on the two-worker standalone cluster / on local[2]: {ratio:.2f}x")
     print("\n".join(lines))
+
+
+@contextlib.contextmanager
+def connect_server_on(mode: str):
+    """A Spark Connect server for ``mode``: on ``local[2]`` (connect), or as the driver of a
+    standalone cluster of two one-core workers (cluster), stopped after."""
+    from circuits.daemon import free_port
+    from circuits.spark import connect_server, stop_connect_server
+    from tests.cluster import standalone_cluster
+
+    work = tempfile.mkdtemp(prefix=f"dbsp-lean-{mode}-server-")
+    with contextlib.ExitStack() as stack:
+        master = stack.enter_context(standalone_cluster(Path(work))) if mode == "cluster" else "local[2]"
+        port = free_port()
+        url = connect_server(work, port, master=master)
+        try:
+            yield url
+        finally:
+            stop_connect_server(work, port)
 
 
 def child_figures(args) -> dict:

@@ -9,7 +9,6 @@ text (the pipeline's ``sql:`` file, else the demo's ``nexmark.sql``) over the in
 
 import os
 import re
-import shutil
 import time
 import uuid
 from collections import Counter
@@ -24,6 +23,7 @@ from circuits.errors import DbspError
 from circuits.library.nexmark_queries import NEXMARK_SQL
 from circuits.sql import batch_views
 from circuits.zset import WEIGHT
+from storage import location
 from storage.logs import STEP, DivisionLog
 from storage.pipeline import Pipeline, status
 
@@ -139,7 +139,7 @@ def run_demo(
     store, kafka, spark = resources["store"], resources["kafka"], resources["spark"]
     root = store.pipeline_root(spec.name)
     if reset:
-        shutil.rmtree(root, ignore_errors=True)
+        location.remove_tree(root)
     sensor = defs.resolve_sensor_def(spec.sensor_name)
     step_job = defs.resolve_job_def(f"{spec.name}_step_job")
     with progress.phase(_kafka_phase(kafka)):

@@ -10,7 +10,6 @@ orders its messages by timestamp (see :mod:`circuits.klogs`).
 
 from __future__ import annotations
 
-import shutil
 import time
 import uuid
 
@@ -19,6 +18,7 @@ from dagster import DagsterInstance, build_sensor_context
 from circuits.klogs import DEAD_LETTERS, KLog, KLogs
 from circuits.library.klogs_wordcount import LOWER, SEED_MESSAGES, UPPER
 from sensors.broker import ensure_topics
+from storage import location
 
 from .config import PipelineSpec, ProjectSpec
 from .factory import build_definitions
@@ -90,7 +90,7 @@ class Demo:
 def run_klogs_demo(project: ProjectSpec, one_step: bool, instance: DagsterInstance) -> bool:
     """Runs the KLogs paper's messages in one step or one per step; whether every run succeeded."""
     demo = Demo(demo_project(project, uuid.uuid4().hex[:8]), instance)
-    shutil.rmtree(demo.root, ignore_errors=True)  # a demo starts over, as its topics do
+    location.remove_tree(demo.root)  # a demo starts over, as its topics do
     outcomes = []
     for batch in [SEED_MESSAGES] if one_step else [[m] for m in SEED_MESSAGES]:
         demo.produce(batch)

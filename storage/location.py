@@ -191,3 +191,10 @@ def reach_store(root: str, store: ObjectStore) -> None:
         raise StoreUnreachableError("root", f"bucket {bucket!r} does not exist at {where}; create it, or name another")
     use(root, store)
     _REACHED.add((root, store))
+
+
+def remove_tree(uri: str) -> None:
+    """Deletes the folder ``uri`` and everything under it, when there is one."""
+    fs, path = filesystem(uri)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)

@@ -2,102 +2,31 @@
 from the pyspark package.  A pipeline runs on it, an executor is killed in the middle of
 its steps, and the output log must equal a run on local Spark."""
 
-import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
-import pyspark
 import pytest
 
+from circuits.daemon import free_port
 from circuits.spark import connect_server, stop_connect_server
 from storage import location
 
+from ..cluster import standalone_cluster
 from ..s3 import s3_server
 from . import workload
 
 STEPS, INTERVAL = 4, 2
-SPARK_CLASS = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def alive_workers(ui_port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json", timeout=2) as response:
-            return sum(w["state"] == "ALIVE" for w in json.load(response)["workers"])
-    except OSError:
-        return 0
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """``spark://`` URL of a master with two one-core workers."""
-    work = tmp_path_factory.mktemp("cluster")
-    port, ui = free_port(), free_port()
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    log = open(work / "cluster.log", "wb")
-    daemons = [
-        subprocess.Popen(
-            [
-                SPARK_CLASS,
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--webui-port",
-                str(ui),
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    ]
-    master = f"spark://127.0.0.1:{port}"
-    for i in range(2):
-        daemons.append(
-            subprocess.Popen(
-                [
-                    SPARK_CLASS,
-                    "org.apache.spark.deploy.worker.Worker",
-                    master,
-                    "--host",
-                    "127.0.0.1",
-                    "--cores",
-                    "1",
-                    "--memory",
-                    "1g",
-                    "--webui-port",
-                    "0",
-                    "--work-dir",
-                    str(work / f"worker{i}"),
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    deadline = time.monotonic() + 90
-    while alive_workers(ui) < 2:
-        assert time.monotonic() < deadline, (work / "cluster.log").read_text()[-3000:]
-        time.sleep(1)
-    yield master
-    for daemon in daemons:
-        os.killpg(daemon.pid, signal.SIGKILL)  # the daemons and the executors they started
-        daemon.wait()
-    log.close()
+    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as master:
+        yield master
 
 
 def executors() -> list[int]:

@@ -5,7 +5,11 @@ table; a wrong endpoint, a missing bucket and refused credentials each name the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+import yaml
 
 from dagster_project.config import ConfigError
 from dagster_project.resources import StoreResource
@@ -115,3 +119,37 @@ def test_a_wrong_endpoint_a_missing_bucket_and_refused_credentials_each_name_the
         StoreResource(root=f"s3://{bucket}/x", endpoint=s3.endpoint, **keys).pipeline_root("p") == f"s3://{bucket}/x/p"
     )
     assert location.store_of(f"s3://{bucket}/x/p") == s3.store()
+
+
+@pytest.mark.slow
+def test_the_demo_through_dagster_keeps_every_table_in_the_bucket_and_never_prints_the_keys(
+    s3, tmp_path, spark_resource
+):
+    from ..dagster_project.test_cli import PROJECT, demo_config, minimal_env, stop_daemons
+
+    config, bucket = demo_config(tmp_path, spark_resource, "lake"), s3.bucket()
+    settings = yaml.safe_load(config.read_text())
+    settings["resources"]["store"] = {
+        "root": f"s3://{bucket}/pipelines",
+        "endpoint": s3.endpoint,
+        "access_key_id": {"env": "LAKE_KEY"},
+        "secret_access_key": {"env": "LAKE_SECRET"},
+    }
+    config.write_text(yaml.safe_dump(settings))
+    env = minimal_env(tmp_path, PYTHONPATH=str(PROJECT), LAKE_KEY=ACCESS_KEY, LAKE_SECRET=SECRET_KEY)
+    command = [sys.executable, "-m", "dagster_project.cli", "--config", str(config), "demo", "--steps", "2"]
+    try:
+        done = subprocess.run(
+            [*command, "--events-per-step", "200"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
+    finally:
+        stop_daemons(config, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for view in ("bids_by_category", "q3", "q4", "q15"):
+        assert f"{view} equals Spark batch SQL: yes" in done.stdout, done.stdout
+    kept = files_under(s3, f"s3://{bucket}/pipelines/lake")
+    for table in ("_divisions/", "_checkpoints/", "state/", "outputs/q4/", "views/q4/", "_lease/"):
+        assert any(k.startswith(f"pipelines/lake/{table}") for k in kept), table
+    assert not (tmp_path / "dbsp" / "pipelines").exists()
+    logs = [p.read_text(errors="replace") for p in (tmp_path / "dbsp").rglob("*.log")]
+    assert logs and not any(SECRET_KEY in text for text in [done.stdout, done.stderr, *logs])
