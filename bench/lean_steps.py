@@ -175,9 +175,11 @@ def connect_server_on(mode: str):
 
     work = tempfile.mkdtemp(prefix=f"dbsp-lean-{mode}-server-")
     with contextlib.ExitStack() as stack:
-        master = stack.enter_context(standalone_cluster(Path(work))) if mode == "cluster" else "local[2]"
+        # Each of the cluster's executors has half the heap of the local server's one JVM.
+        cluster = mode == "cluster"
+        master = stack.enter_context(standalone_cluster(Path(work), memory="2g")) if cluster else "local[2]"
         port = free_port()
-        url = connect_server(work, port, master=master)
+        url = connect_server(work, port, master=master, conf={"spark.executor.memory": "2g"} if cluster else None)
         try:
             yield url
         finally:

@@ -516,6 +516,21 @@ def _active_session() -> SparkSession | None:
     return sys.modules["pyspark.sql"].SparkSession.getActiveSession() if "pyspark.sql" in sys.modules else None
 
 
+def env_values(section: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` of ``resources.<section>`` with each ``{env: NAME}`` read from the environment
+    now (a process without Dagster's ``EnvVar``)."""
+    values = {}
+    for name, value in settings.items():
+        if isinstance(value, dict) and set(value) == {"env"}:
+            if value["env"] not in os.environ:
+                raise ConfigError(
+                    f"resources.{section}.{name}: the environment variable {value['env']} is not set; set it"
+                )
+            value = os.environ[value["env"]]
+        values[name] = value
+    return values
+
+
 class ResourcesSpec(BaseModel):
     """Settings of the Dagster resources; a value ``{env: NAME}`` is read from the
     environment variable ``NAME`` when a run starts (for secrets)."""

@@ -22,6 +22,7 @@ from storage.cursors import CursorStore
 from .config import home, load_project
 from .console import log_path
 from .kafka import kafka_settings
+from .store import store_settings
 
 
 def gateway(args: argparse.Namespace) -> int:
@@ -34,7 +35,7 @@ def gateway(args: argparse.Namespace) -> int:
     project = load_project(args.config, circuits=False)
     if not project.sources:
         raise DbspError("the configuration has no sources: add a sources: section to dbsp.yaml (see dbsp.example.yaml)")
-    kafka = kafka_settings(project)
+    kafka, store = kafka_settings(project), store_settings(project)
     bootstrap = kafka.bootstrap({g.topic: project.topic_partitions(g.topic) for g in project.sources})
     path = log_path(home("logs"), "gateway")
     logging.basicConfig(filename=path, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -44,7 +45,7 @@ def gateway(args: argparse.Namespace) -> int:
         bootstrap,
         kafka.client_config(),
         home("gateway"),
-        CursorStore.of_gateway(project.gateway.cursors, home("gateway")),
+        CursorStore(store.reach(project.gateway.cursors) if project.gateway.cursors else store.gateway_cursors()),
     )
     running.start()
     print(

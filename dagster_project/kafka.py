@@ -2,13 +2,11 @@
 process reads them here, the Dagster resource (:class:`~dagster_project.resources.KafkaResource`)
 adds itself on top."""
 
-import os
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sensors.broker import ensure_local_broker, ensure_topics
 
-from .config import ConfigError, ProjectSpec, describe_errors, home
+from .config import ConfigError, ProjectSpec, describe_errors, env_values, home
 
 EMBEDDED = "embedded"
 
@@ -53,16 +51,7 @@ class KafkaSettings(BaseModel):
 
 def kafka_settings(project: ProjectSpec) -> KafkaSettings:
     """The project's ``resources.kafka``, a value ``{env: NAME}`` read from the environment now."""
-    settings = {name: _value(name, v) for name, v in project.resources.kafka.items()}
     try:
-        return KafkaSettings(**settings)
+        return KafkaSettings(**env_values("kafka", project.resources.kafka))
     except ValidationError as e:
         raise ConfigError(f"{project.source}: {describe_errors(e, KafkaSettings, ('resources', 'kafka'))}") from None
-
-
-def _value(name: str, value):
-    if not (isinstance(value, dict) and set(value) == {"env"}):
-        return value
-    if value["env"] not in os.environ:
-        raise ConfigError(f"resources.kafka.{name}: the environment variable {value['env']} is not set; set it")
-    return os.environ[value["env"]]

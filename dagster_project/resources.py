@@ -4,22 +4,18 @@ where input comes from (Kafka).  Secrets are read from the environment with ``En
 
 from __future__ import annotations
 
-from urllib.parse import urlparse
-
 from dagster import ConfigurableResource, EnvVar
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError
 from pyspark.sql import SparkSession
 
 from circuits.spark import connect_server, remote_session, session
 from sensors.delta_source import DeltaTables
 from sensors.ingest import KafkaSource, Sources
 from sensors.upstream import UpstreamViews, view_name
-from storage import location
-from storage.errors import StoreUnreachableError
-from storage.location import reach_store
 
 from .config import ConfigError, PipelineSpec, ProjectSpec, describe_errors, home
 from .kafka import EMBEDDED, KafkaSettings
+from .store import StoreSettings
 
 
 class _Resource(ConfigurableResource):
@@ -63,62 +59,8 @@ class SparkResource(_Resource):
         return remote_session(url, setting="resources.spark.embedded_port")
 
 
-class StoreResource(_Resource):
-    """Where each pipeline keeps its Delta tables: ``<root>/<pipeline>`` (default
-    ``$DBSP_HOME/pipelines``): a local (or mounted) directory, or ``s3://bucket/prefix`` on
-    AWS S3 or an S3-compatible store (``endpoint``), reached with the access key given here
-    (``{env: NAME}`` values; never logged) or the AWS SDK's default chain."""
-
-    root: str = Field("", description="a local directory, file:// URL or s3://bucket/prefix for the pipelines' tables")
-    endpoint: str = Field("", description="an S3-compatible store's URL, http(s)://host:port (empty: AWS S3)")
-    region: str = Field("us-east-1", description="the S3 region of the bucket")
-    access_key_id: str = Field("", description="the S3 access key id (empty: the AWS SDK's default credentials)")
-    secret_access_key: str = Field("", description="the S3 secret access key, as {env: NAME}")
-
-    @field_validator("root")
-    @classmethod
-    def _known_scheme(cls, root: str) -> str:
-        scheme = urlparse(root).scheme
-        if scheme not in ("", "file", *location.S3_SCHEMES):
-            raise ValueError(
-                f"root={root!r}: a store is a local (or mounted) directory or s3://bucket/prefix, not {scheme}://; "
-                "mount any other store and give its mount path"
-            )
-        if scheme in location.S3_SCHEMES and not urlparse(root).netloc:
-            raise ValueError(f"root={root!r}: name the bucket, as s3://bucket/prefix")
-        return (
-            "s3://" + root.split("://", 1)[1].rstrip("/")
-            if scheme in location.S3_SCHEMES
-            else root.removeprefix("file://")
-        )
-
-    @field_validator("endpoint")
-    @classmethod
-    def _url(cls, endpoint: str) -> str:
-        if endpoint and urlparse(endpoint).scheme not in ("http", "https"):
-            raise ValueError(f"endpoint={endpoint!r}: expected http://host:port or https://host")
-        return endpoint.rstrip("/")
-
-    @model_validator(mode="after")
-    def _s3_settings_need_s3(self) -> StoreResource:
-        given = [f for f in ("endpoint", "access_key_id", "secret_access_key") if getattr(self, f)]
-        if given and not location.remote(self.root):
-            raise ValueError(f"{', '.join(given)}: set for an object store, but root {self.root!r} is not s3://")
-        if bool(self.access_key_id) != bool(self.secret_access_key):
-            raise ValueError("access_key_id and secret_access_key: give both, or neither (the AWS SDK's default chain)")
-        return self
-
-    def pipeline_root(self, name: str) -> str:
-        """Where pipeline ``name``'s tables live; on S3 this process reaches the bucket from now on
-        (its settings are checked by one request, once per process: see :func:`reach_store`)."""
-        if location.remote(self.root):
-            store = location.ObjectStore(self.endpoint, self.region, self.access_key_id, self.secret_access_key)
-            try:
-                reach_store(self.root, store)
-            except StoreUnreachableError as e:
-                value = "(hidden)" if e.setting == "access_key_id" else repr(getattr(self, e.setting))
-                raise ConfigError(f"resources.store.{e.setting}={value}: {e}") from None
-        return f"{self.root or home('pipelines')}/{name}"
+class StoreResource(_Resource, StoreSettings):
+    """Where each pipeline keeps its Delta tables (:class:`~dagster_project.store.StoreSettings`)."""
 
 
 class KafkaResource(_Resource, KafkaSettings):

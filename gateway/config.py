@@ -67,7 +67,10 @@ class GatewaySpec(BaseModel):
     io_threads: int = Field(1, gt=0, description="I/O threads, each running one asyncio event loop")
     control_host: str = Field("127.0.0.1", description="address of the control endpoint (flush, status)")
     control_port: int = Field(0, ge=0, lt=65536, description="port of the control endpoint (0: any free one)")
-    cursors: str = Field("", description="the Delta table of the cursors (default <DBSP_HOME>/gateway/cursors)")
+    cursors: str = Field(
+        "",
+        description="the Delta table of the cursors (default <DBSP_HOME>/gateway/cursors, or <store root>/_gateway_cursors on S3)",
+    )
     cursor_commit_seconds: float = Field(
         1.0, gt=0, description="most seconds between two commits of the cursors while the broker acknowledges bytes"
     )

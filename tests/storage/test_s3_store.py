@@ -153,3 +153,36 @@ def test_the_demo_through_dagster_keeps_every_table_in_the_bucket_and_never_prin
     assert not (tmp_path / "dbsp" / "pipelines").exists()
     logs = [p.read_text(errors="replace") for p in (tmp_path / "dbsp").rglob("*.log")]
     assert logs and not any(SECRET_KEY in text for text in [done.stdout, done.stderr, *logs])
+
+
+def test_the_gateways_cursors_live_beside_the_pipelines_on_the_bucket(s3, tmp_path):
+    from dagster_project.config import ProjectSpec
+    from dagster_project.store import store_settings
+    from storage.cursors import CursorStore
+
+    bucket = s3.bucket()
+    project = ProjectSpec(
+        pipelines=[],
+        resources={
+            "store": {
+                "root": f"s3://{bucket}/lake",
+                "endpoint": s3.endpoint,
+                "access_key_id": ACCESS_KEY,
+                "secret_access_key": {"env": "LAKE_SECRET"},
+            }
+        },
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("LAKE_SECRET", raising=False)
+        with pytest.raises(
+            ConfigError, match="resources.store.secret_access_key: the environment variable LAKE_SECRET"
+        ):
+            store_settings(project)
+        env.setenv("LAKE_SECRET", SECRET_KEY)
+        uri = store_settings(project).gateway_cursors()
+    assert uri == f"s3://{bucket}/lake/_gateway_cursors"
+    cursors = CursorStore(uri)
+    cursors.commit({("t", "a.log"): 120}, {("t", 0): 7})
+    loaded = CursorStore(uri).load()
+    assert loaded.positions == {("t", "a.log"): 120} and loaded.read_back == {("t", 0): 7}
+    assert any(k.startswith("lake/_gateway_cursors/_delta_log/") for k in files_under(s3, f"s3://{bucket}/lake"))
