@@ -97,10 +97,12 @@ if __name__ == "__main__":
     drive(spark, root, seed, steps, interval)
 
 
-def delta_spark_differences(spark, root: str) -> list[str]:
-    """Every Delta table under ``root`` read by delta-spark (``format("delta")``), at its
-    latest version and, by time travel (``versionAsOf``), at the one before, against the
-    same versions read by delta-rs: the tables and versions whose rows differ."""
+def delta_spark_differences(spark, root: str, one_of_each_kind: bool = False) -> list[str]:
+    """Every Delta table under ``root`` (or, ``one_of_each_kind``, the first of each folder:
+    a state table, an output, a view, the checkpoints, ...) read by delta-spark
+    (``format("delta")``), at its latest version and, by time travel (``versionAsOf``), at
+    the one before, against the same versions read by delta-rs: the tables and versions
+    whose rows differ."""
     from storage.delta import delta_tables
     from storage.location import spark_path
     from storage.tables import dataset, open_table
@@ -108,8 +110,11 @@ def delta_spark_differences(spark, root: str) -> list[str]:
     def normal(rows) -> Counter:
         return Counter(tuple(sorted((k, str(v)) for k, v in r.items())) for r in rows)
 
-    differences = []
-    for path in delta_tables(root):
+    differences, tables = [], delta_tables(root)
+    if one_of_each_kind:
+        kinds = {path.removeprefix(root).strip("/").split("/")[0]: path for path in reversed(tables)}
+        tables = sorted(kinds.values())
+    for path in tables:
         latest = open_table(path).version()
         for version in sorted({latest, max(latest - 1, 0)}):
             expected = normal(dataset(open_table(path, version)).to_table().to_pylist())
