@@ -19,7 +19,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -529,6 +529,18 @@ def env_values(section: str, settings: dict[str, Any]) -> dict[str, Any]:
             value = os.environ[value["env"]]
         values[name] = value
     return values
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def resource_settings(project: ProjectSpec, section: str, model: type[M]) -> M:
+    """The project's ``resources.<section>`` as ``model`` (the settings without Dagster, for a
+    process that loads none: the gateway's), a value ``{env: NAME}`` read from the environment now."""
+    try:
+        return model(**env_values(section, getattr(project.resources, section)))
+    except ValidationError as e:
+        raise ConfigError(f"{project.source}: {describe_errors(e, model, ('resources', section))}") from None
 
 
 class ResourcesSpec(BaseModel):

@@ -2,11 +2,11 @@
 process reads them here, the Dagster resource (:class:`~dagster_project.resources.KafkaResource`)
 adds itself on top."""
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from sensors.broker import ensure_local_broker, ensure_topics
 
-from .config import ConfigError, ProjectSpec, describe_errors, env_values, home
+from .config import ProjectSpec, home, resource_settings
 
 EMBEDDED = "embedded"
 
@@ -50,8 +50,5 @@ class KafkaSettings(BaseModel):
 
 
 def kafka_settings(project: ProjectSpec) -> KafkaSettings:
-    """The project's ``resources.kafka``, a value ``{env: NAME}`` read from the environment now."""
-    try:
-        return KafkaSettings(**env_values("kafka", project.resources.kafka))
-    except ValidationError as e:
-        raise ConfigError(f"{project.source}: {describe_errors(e, KafkaSettings, ('resources', 'kafka'))}") from None
+    """The project's ``resources.kafka`` (see :func:`~dagster_project.config.resource_settings`)."""
+    return resource_settings(project, "kafka", KafkaSettings)

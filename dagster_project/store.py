@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from storage import location
 from storage.errors import StoreUnreachableError
 from storage.location import reach_store
 
-from .config import ConfigError, ProjectSpec, describe_errors, env_values, home
+from .config import ConfigError, ProjectSpec, home, resource_settings
 
 
 class StoreSettings(BaseModel):
@@ -85,8 +85,5 @@ class StoreSettings(BaseModel):
 
 
 def store_settings(project: ProjectSpec) -> StoreSettings:
-    """The project's ``resources.store``, a value ``{env: NAME}`` read from the environment now."""
-    try:
-        return StoreSettings(**env_values("store", project.resources.store))
-    except ValidationError as e:
-        raise ConfigError(f"{project.source}: {describe_errors(e, StoreSettings, ('resources', 'store'))}") from None
+    """The project's ``resources.store`` (see :func:`~dagster_project.config.resource_settings`)."""
+    return resource_settings(project, "store", StoreSettings)
