@@ -180,12 +180,16 @@ class PipelineSpec(BaseModel):
                 path = source.removeprefix(DELTA).removeprefix("file://")
                 if not path:
                     raise ValueError(f"{handle}: {source!r} names no table; write delta:/path/to/table")
-                if "://" in path:
+                scheme = path.split("://", 1)[0] if "://" in path else ""
+                if scheme in ("s3", "s3a"):
+                    source = f"{DELTA}s3://{path.split('://', 1)[1]}"  # reached with resources.store's settings
+                elif scheme:
                     raise ValueError(
-                        f"{handle}: {source!r}: this version reads Delta tables on a local (or mounted) file system "
-                        "only; mount the bucket and give the mount path"
+                        f"{handle}: {source!r}: a Delta table is read from a local (or mounted) path or from "
+                        f"s3://bucket/path, not {scheme}://; mount that store and give the mount path"
                     )
-                source = DELTA + str(Path((info.context or {}).get("base", ".")).joinpath(path).absolute())
+                else:
+                    source = DELTA + str(Path((info.context or {}).get("base", ".")).joinpath(path).absolute())
             elif source.startswith(VIEW):
                 if not re.fullmatch(r"[a-z][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*", source.removeprefix(VIEW)):
                     raise ValueError(

@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pyspark.sql import SparkSession
 
 from circuits.spark import connect_server, remote_session, session
-from sensors.delta_source import DeltaTables
+from sensors.delta_source import DeltaTables, table_path
 from sensors.ingest import KafkaSource, Sources
 from sensors.upstream import UpstreamViews, view_name
 
@@ -75,9 +75,12 @@ class KafkaResource(_Resource, KafkaSettings):
         return KafkaSource(bootstrap, spec.topics, self.client_config())
 
     def source(self, spec: PipelineSpec, store: StoreResource) -> Sources:
-        """The pipeline's inputs: its topics (see :meth:`topics`), its Delta tables and the
-        views of other pipelines it reads (their output logs in ``store``)."""
+        """The pipeline's inputs: its topics (see :meth:`topics`), its Delta tables (one on S3
+        reached with ``store``'s settings) and the views of other pipelines it reads (their
+        output logs in ``store``)."""
         upstream = {view_name(s)[0] for s in spec.upstream.values()}
+        for source in spec.tables.values():
+            store.reach(table_path(source))
         return Sources(
             self.topics(spec),
             DeltaTables(spec.tables) if spec.tables else None,

@@ -19,7 +19,8 @@ class StoreSettings(BaseModel):
     """Where each pipeline keeps its Delta tables: ``<root>/<pipeline>`` (default
     ``$DBSP_HOME/pipelines``): a local (or mounted) directory, or ``s3://bucket/prefix`` on
     AWS S3 or an S3-compatible store (``endpoint``), reached with the access key given here
-    (``{env: NAME}`` values; never logged) or the AWS SDK's default chain."""
+    (``{env: NAME}`` values; never logged) or the AWS SDK's default chain.  The same S3
+    settings reach the pipelines' Delta table inputs on S3 (``delta:s3://...``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -54,10 +55,7 @@ class StoreSettings(BaseModel):
         return endpoint.rstrip("/")
 
     @model_validator(mode="after")
-    def _s3_settings_need_s3(self) -> StoreSettings:
-        given = [f for f in ("endpoint", "access_key_id", "secret_access_key") if getattr(self, f)]
-        if given and not location.remote(self.root):
-            raise ValueError(f"{', '.join(given)}: set for an object store, but root {self.root!r} is not s3://")
+    def _both_keys(self) -> StoreSettings:
         if bool(self.access_key_id) != bool(self.secret_access_key):
             raise ValueError("access_key_id and secret_access_key: give both, or neither (the AWS SDK's default chain)")
         return self

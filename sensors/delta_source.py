@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from circuits.zset import WEIGHT
+from storage import location
 from storage.errors import StorageError
 from storage.logs import Range
 from storage.pipeline import StepInput
@@ -56,7 +57,7 @@ def table_path(source: str) -> str:
 def _open(source: str, version: int | None = None) -> DeltaTable:
     path = table_path(source)
     try:
-        return DeltaTable(path, version=version)
+        return DeltaTable(path, version=version, storage_options=location.delta_options(path))
     except TableNotFoundError:
         raise DeltaTableMissingError(
             f"table {path}: no Delta table is there; create it with the change data feed on "
@@ -215,8 +216,9 @@ def changes(spark: SparkSession, source: str, r: Range, handle: str, schema: T.S
         .option("startingVersion", r.start)
         .option("endingVersion", r.end - 1)
     )
+    location.reach_spark(spark, table_path(source))
     try:
-        frame = feed.load(table_path(source))
+        frame = feed.load(location.spark_path(table_path(source)))
     except Exception as e:  # a classic session analyzes at once
         raise read_failed(e, [r]) or e from e
     return frame.select(

@@ -125,6 +125,16 @@ def filesystem(uri: str, store: ObjectStore | None = None) -> tuple[pafs.FileSys
     return (store or store_of(uri)).filesystem(), f"{parsed.netloc}{parsed.path}"
 
 
+def reach_spark(spark, uri: str) -> None:
+    """Makes ``spark``'s reads reach ``uri``'s store (its ``s3a`` settings, on the session;
+    one set serves every bucket); nothing for a local path."""
+    store = store_of(uri)
+    conf = {} if store is None else store.hadoop_conf()
+    if any(spark.conf.get(k, None) != v for k, v in conf.items()):
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+
+
 def spark_path(uri: str) -> str:
     """``uri`` as Spark's Hadoop file systems name it (``s3a://`` for S3)."""
     return "s3a://" + uri.split("://", 1)[1] if urlparse(uri).scheme == "s3" else uri

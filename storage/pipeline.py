@@ -141,14 +141,6 @@ def status(root: str) -> Status:
     )
 
 
-def reach(spark: SparkSession, store: location.ObjectStore) -> None:
-    """Makes ``spark``'s reads reach ``store`` (its ``s3a`` settings, on the session)."""
-    conf = store.hadoop_conf()
-    if any(spark.conf.get(k, None) != v for k, v in conf.items()):
-        for key, value in conf.items():
-            spark.conf.set(key, value)
-
-
 class Pipeline:
     def __init__(
         self,
@@ -172,8 +164,7 @@ class Pipeline:
             )
         self.spark = spark
         self.root = root
-        if store := location.store_of(root):
-            reach(spark, store)
+        location.reach_spark(spark, root)
         self.circuit = circuit
         self.workers = workers
         self.divisions = DivisionLog(root)

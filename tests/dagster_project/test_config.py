@@ -79,7 +79,6 @@ def test_a_bad_pipeline_setting_is_named_with_its_fix(spark, change, named):
         ),
         ({"store": {"root": "gs://bucket/pipelines"}}, ["resources.store.root", "not gs://", "mount"]),
         ({"store": {"root": "s3:///pipelines"}}, ["resources.store.root", "name the bucket"]),
-        ({"store": {"root": "/data", "endpoint": "http://minio:9000"}}, ["endpoint", "is not s3://"]),
         ({"store": {"root": "s3://b/p", "endpoint": "minio:9000"}}, ["resources.store.endpoint", "http://host:port"]),
         ({"store": {"root": "s3://b/p", "access_key_id": "k"}}, ["access_key_id and secret_access_key", "both"]),
         # Misspelled, each would fall back to its default (another user's port, say).
@@ -193,6 +192,10 @@ def test_a_delta_table_source_is_its_path_made_absolute(tmp_path):
     settings = _delta_project(tmp_path, {"a": "delta:tables/a"})
     spec = parse_project(settings, "dbsp.yaml", base=str(tmp_path)).pipelines[0]
     assert spec.tables == {"a": f"delta:{tmp_path}/tables/a"} and spec.topics == {}
+    settings = _delta_project(tmp_path, {"a": "delta:s3a://lake/tables/a"})  # an object store's: as it is, s3://
+    assert parse_project(settings, "dbsp.yaml", base=str(tmp_path)).pipelines[0].tables == {
+        "a": "delta:s3://lake/tables/a"
+    }
 
 
 def test_the_sensor_is_named_for_what_it_watches(tmp_path):
@@ -210,7 +213,7 @@ def test_the_sensor_is_named_for_what_it_watches(tmp_path):
     "source, named",
     [
         ("delta:", ["pipelines.0.sources", "names no table", "delta:/path/to/table"]),
-        ("delta:s3://bucket/a", ["pipelines.0.sources", "local (or mounted) file system", "mount path"]),
+        ("delta:gs://bucket/a", ["pipelines.0.sources", "not gs://", "mount path"]),
         ("a topic", ["pipelines.0.sources", "neither a Kafka topic", "delta:/path/to/table"]),
         ("view:q", ["pipelines.0.sources", "names no view", "view:<pipeline>.<view>"]),
     ],

@@ -18,34 +18,53 @@ from dagster_project.status import status_text
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import InputColumnsChangedError, TableRewrittenError
 from sensors.status import report
+from storage import location
 from storage.logs import DivisionLog, Range
 from storage.pipeline import Pipeline
 
+from ..s3 import ACCESS_KEY, SECRET_KEY, s3_server
 from .harness import integral, tick
 
 VIEWS = "CREATE MATERIALIZED VIEW totals AS SELECT k, count(*) AS n, sum(v) AS total FROM a GROUP BY k;\n"
 
 
-def change_fed_table(spark, tmp_path) -> str:
-    """An empty Delta table ``(k INT, v INT)`` with the change data feed on, at ``tmp_path/a``."""
-    table = str(tmp_path / "a")
+def change_fed_table(spark, table: str) -> str:
+    """An empty Delta table ``(k INT, v INT)`` with the change data feed on, at ``table``
+    (a path or an ``s3://`` URI, reached as this process reaches its bucket)."""
+    location.reach_spark(spark, table)
     spark.sql(
-        f"CREATE TABLE delta.`{table}` (k INT, v INT) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+        f"CREATE TABLE delta.`{location.spark_path(table)}` (k INT, v INT) USING delta "
+        "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
     )
     return table
 
 
+@pytest.fixture(params=["local", "s3"])
+def where(request, tmp_path) -> tuple[str, dict]:
+    """Where the source table lives (a local path, or a bucket of an S3-compatible server)
+    and the store's settings (on that server too for S3)."""
+    if request.param == "local":
+        yield str(tmp_path / "a"), {"root": str(tmp_path / "store")}
+        return
+    with s3_server() as s3:
+        bucket = s3.bucket()
+        s3.reach(f"s3://{bucket}/tables/a")
+        keys = {"access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
+        yield f"s3://{bucket}/tables/a", {"root": f"s3://{bucket}/store", "endpoint": s3.endpoint, **keys}
+
+
 @pytest.mark.slow
 def test_the_sensor_cuts_a_delta_tables_versions_into_steps_whose_runs_equal_spark_batch_sql(
-    spark_resource, spark, tmp_path
+    spark_resource, spark, tmp_path, where
 ):
-    table = change_fed_table(spark, tmp_path)
+    table, store = where
+    table = change_fed_table(spark, table)
     (tmp_path / "views.sql").write_text(VIEWS)
     pipeline = {"name": "dp", "sql": "views.sql", "sources": {"a": f"delta:{table}"}, "schemas": {"a": "k INT, v INT"}}
     settings = {
         "pipelines": [{**pipeline, "max_records_per_step": 2, "max_wait_seconds": 0, "sensor_running": False}],
         # No topics: the pipeline never asks this broker anything.
-        "resources": {"store": {"root": str(tmp_path / "store")}, "kafka": {"bootstrap_servers": "localhost:1"}},
+        "resources": {"store": store, "kafka": {"bootstrap_servers": "localhost:1"}},
     }
     settings["resources"]["spark"] = spark_resource
     project = parse_project(settings, "dbsp.yaml", base=str(tmp_path))
@@ -56,18 +75,19 @@ def test_the_sensor_cuts_a_delta_tables_versions_into_steps_whose_runs_equal_spa
         ["INSERT INTO {t} VALUES (1, 1), (2, 2)"],
         ["UPDATE {t} SET v = v + 10 WHERE k = 1", "DELETE FROM {t} WHERE k = 2", "INSERT INTO {t} VALUES (1, 5)"],
     ]
+    named = f"delta.`{location.spark_path(table)}`"
     with instance_for_test() as instance:
         for statements in rounds:
             for statement in statements:
-                spark.sql(statement.format(t=f"delta.`{table}`"))
+                spark.sql(statement.format(t=named))
             for _ in range(4):  # one step a tick, of at most two versions
                 tick_and_run(defs, sensor, job, instance)
             divisions = DivisionLog(root).all()
             assert all(sum(r.end - r.start for r in ranges) <= 2 for ranges in divisions.values())
             last = max(divisions)
             version = divisions[last][0].end - 1
-            assert version == spark.sql(f"DESCRIBE HISTORY delta.`{table}`").agg({"version": "max"}).first()[0]
-            as_of = spark.read.format("delta").option("versionAsOf", version).load(table)
+            assert version == spark.sql(f"DESCRIBE HISTORY {named}").agg({"version": "max"}).first()[0]
+            as_of = spark.read.format("delta").option("versionAsOf", version).load(location.spark_path(table))
             want = Counter(tuple(r) for r in batch_views(spark, VIEWS, {"a": as_of})["totals"].collect())
             got = integral(Pipeline(spark, root, spec.circuit_for(spark)).outputs.read("totals", 0, last))
             assert got == want and got
@@ -88,7 +108,7 @@ DOWNSTREAM = "CREATE MATERIALIZED VIEW by_count AS SELECT n, count(*) AS keys, s
 def test_a_pipeline_reading_anothers_view_is_cut_as_it_commits_and_equals_spark_batch_sql(
     spark_resource, spark, tmp_path
 ):
-    table = change_fed_table(spark, tmp_path)
+    table = change_fed_table(spark, str(tmp_path / "a"))
     (tmp_path / "up.sql").write_text(VIEWS)
     (tmp_path / "down.sql").write_text(DOWNSTREAM)
     quick = {"max_wait_seconds": 0, "sensor_running": False}
