@@ -1,6 +1,8 @@
 """A real multi-process Spark: a standalone master and two workers on loopback, launched
-from the pyspark package.  A pipeline runs on it, an executor is killed in the middle of
-its steps, and the output log must equal a run on local Spark."""
+from the pyspark package.  A pipeline runs on it, driven by a classic in-process driver or
+by a Spark Connect server (the store then on an S3-compatible server: no disk shared), an
+executor is killed in the middle of its steps, and the output log must equal a run on
+local Spark."""
 
 import os
 import random
@@ -27,6 +29,12 @@ def cluster(tmp_path_factory):
     """``spark://`` URL of a master with two one-core workers."""
     with standalone_cluster(tmp_path_factory.mktemp("cluster")) as master:
         yield master
+
+
+@pytest.fixture(scope="module")
+def reference(spark, tmp_path_factory):
+    """The output log of the workload on the test session's local Spark."""
+    return workload.output_log(workload.drive(spark, str(tmp_path_factory.mktemp("local")), 3, STEPS, INTERVAL), STEPS)
 
 
 def executors() -> list[int]:
@@ -64,8 +72,7 @@ def run_killing_an_executor(root: str, spark_url: str, started, env: dict[str, s
 
 
 @pytest.mark.slow
-def test_killing_an_executor_mid_step_does_not_change_the_output(spark, cluster, tmp_path):
-    reference = workload.output_log(workload.drive(spark, str(tmp_path / "local"), 3, STEPS, INTERVAL), STEPS)
+def test_killing_an_executor_mid_step_does_not_change_the_output(spark, cluster, reference, tmp_path):
     root = str(tmp_path / "cluster")
     run_killing_an_executor(root, cluster, lambda: os.path.isdir(os.path.join(root, "state")))
     assert workload.output_log(workload.drive(spark, root, 3, STEPS, INTERVAL), STEPS) == reference
@@ -73,11 +80,10 @@ def test_killing_an_executor_mid_step_does_not_change_the_output(spark, cluster,
 
 @pytest.mark.slow
 def test_a_spark_connect_server_driving_the_cluster_with_the_store_on_s3_survives_a_killed_executor(
-    spark, cluster, tmp_path
+    spark, cluster, reference, tmp_path
 ):
     """The mode every ``dagster dev`` run uses, with no disk shared by the driver, the
     executors and the test: the Connect server is the cluster's driver, the store a bucket."""
-    reference = workload.output_log(workload.drive(spark, str(tmp_path / "local"), 3, STEPS, INTERVAL), STEPS)
     state_dir, port = str(tmp_path / "connect"), free_port()
     url = connect_server(state_dir, port, master=cluster, driver_memory="1g", conf=workload.TEST_SPARK_CONF)
     try:
