@@ -335,3 +335,16 @@ def tie_broken_equal_to_spark_batch_sql(text: str, doc: str, fixed: list, max_ex
 
     test.__doc__ = doc
     return test
+
+
+def joins_of(circuit, view: str) -> list:
+    """The joins upstream of ``view``'s output."""
+    from circuits.operators import Join, KeyedJoin
+
+    seen, todo = set(), [circuit.outputs[view]]
+    while todo:
+        node = circuit.nodes[todo.pop()]
+        if node.id not in seen:
+            seen.add(node.id)
+            todo.extend(node.inputs)
+    return [circuit.nodes[i] for i in sorted(seen) if isinstance(circuit.nodes[i].operator, (Join, KeyedJoin))]

@@ -3,7 +3,7 @@
 ``GROUP BY x, ROLLUP(...)``, ``WITH ROLLUP``, Hive's ``GROUP BY a, b GROUPING SETS (...)``,
 and ``GROUPING()``/``GROUPING_ID()`` in the select list and ``HAVING``; grouping by
 expressions, ordinals and select-list aliases, ``DISTINCT`` and a top-k (``ORDER BY ...
-LIMIT``) over them.  Each view equals Spark batch SQL of the same text over the integrated
+LIMIT``) over them; a subquery in FROM compiled once for all the sets.  Each view equals Spark batch SQL of the same text over the integrated
 inputs at every step (hypothesis, with NULLs, duplicates, deletes of every row: an
 aggregate over grouping sets has no row over no input rows, but ``GROUPING SETS (())``
 alone, a global aggregate, has one), at 1 and 2 workers."""
@@ -17,7 +17,7 @@ from circuits.sql import SqlError, parse_views
 
 from . import harness
 from .harness import SQL_SCHEMAS as SCHEMAS
-from .harness import SQL_STEPS, SQL_WORKERS, at_every_worker_count
+from .harness import SQL_STEPS, SQL_WORKERS, at_every_worker_count, joins_of
 
 VIEWS = """
 CREATE MATERIALIZED VIEW rolled AS
@@ -34,6 +34,9 @@ CREATE MATERIALIZED VIEW only_empty AS
 CREATE MATERIALIZED VIEW empty_twice AS SELECT count(*) AS n FROM b GROUP BY GROUPING SETS ((), ());
 CREATE MATERIALIZED VIEW declared AS
   SELECT x, k, grouping_id() AS g, avg(d) AS mean FROM b GROUP BY k, x GROUPING SETS ((x), ());
+CREATE MATERIALIZED VIEW rolled_derived AS
+  SELECT k, s, sum(total) AS total, count(*) AS n
+  FROM (SELECT a.k, a.s, sum(b.d) AS total FROM a JOIN b ON a.k = b.k GROUP BY a.k, a.s) y GROUP BY ROLLUP(k, s);
 CREATE MATERIALIZED VIEW busiest AS
   SELECT DISTINCT grouping(k) AS gk, count(*) AS n FROM a GROUP BY k WITH ROLLUP ORDER BY n DESC, gk LIMIT 2;
 """
@@ -62,6 +65,11 @@ def test_grouping_sets_equal_spark_batch_sql(spark, circuit, workers, steps):
     """Every view equals Spark batch SQL of its text at every step (the top-k's with the
     engine's tie-break appended)."""
     harness.run_and_compare(spark, circuit, steps, workers, harness.tie_broken_batch_integrals(spark, VIEWS, SCHEMAS))
+
+
+def test_the_sets_of_a_rollup_over_a_subquery_read_it_compiled_once(circuit):
+    # Each set's aggregate reads the query's FROM: one join between a and b, not one per set.
+    assert len(joins_of(circuit, "rolled_derived")) == 1
 
 
 def test_a_grouping_of_no_grouping_expression_is_refused():

@@ -10,6 +10,7 @@ from circuits.operators import Join, KeyedJoin
 from circuits.operators.linear import Filter
 
 from . import harness
+from .harness import joins_of
 
 VIEWS = """
 CREATE MATERIALIZED VIEW sides AS
@@ -31,17 +32,6 @@ def filters_before(circuit, node_id: int) -> list[str]:
     if isinstance(node.operator, (Join, KeyedJoin)):
         return own
     return own + [c for i in node.inputs for c in filters_before(circuit, i)]
-
-
-def joins_of(circuit, view: str) -> list:
-    """The joins upstream of ``view``'s output."""
-    seen, todo = set(), [circuit.outputs[view]]
-    while todo:
-        node = circuit.nodes[todo.pop()]
-        if node.id not in seen:
-            seen.add(node.id)
-            todo.extend(node.inputs)
-    return [circuit.nodes[i] for i in sorted(seen) if isinstance(circuit.nodes[i].operator, (Join, KeyedJoin))]
 
 
 def test_a_sources_own_tests_filter_it_before_the_join(circuit):

@@ -40,6 +40,8 @@ class _Compiler(_Joins, _Subqueries, _Aggregates, _Ordering):
         self._registered: set[str] = set()
         self.current: View | None = None
         """The view being compiled: its expressions are remembered as its (see :meth:`remember`)."""
+        self.alone_queries: dict[tuple, tuple[Rel, tuple[Rel | None, ...]]] = {}
+        """The view's uncorrelated subqueries compiled so far (see :meth:`alone`)."""
 
     def fresh(self) -> str:
         self.count += 1
@@ -48,7 +50,7 @@ class _Compiler(_Joins, _Subqueries, _Aggregates, _Ordering):
     # views
     def view(self, view: View) -> None:
         self.circuit.declaring = f"{view.file}:{view.line} (view {view.name})"
-        self.current = view
+        self.current, self.alone_queries = view, {}
         try:
             output = self._analyse(view)
             rel = self.query(_negations_pushed(view.query), None)
