@@ -54,3 +54,12 @@ def broker():
 
     with LocalBroker() as local:
         yield local
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """An S3-compatible server (moto's, ``tests/s3.py``) for the module's tests."""
+    from .s3 import s3_server
+
+    with s3_server() as server:
+        yield server

@@ -10,15 +10,7 @@ from botocore.exceptions import ClientError
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from ..s3 import s3_server
-
 ROUNDS = 10
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with s3_server() as server:
-        yield server
 
 
 @pytest.fixture

@@ -23,12 +23,6 @@ from .test_crash_recovery import crash, worker_spark  # noqa: F401 (a fixture)
 STEPS, INTERVAL = 3, 2
 
 
-@pytest.fixture(scope="module")
-def s3():
-    with s3_server() as server:
-        yield server
-
-
 @pytest.fixture
 def root(s3) -> str:
     root = f"s3://{s3.bucket()}/pipelines/p"
