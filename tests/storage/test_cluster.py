@@ -100,5 +100,6 @@ def test_a_spark_connect_server_driving_the_cluster_with_the_store_on_s3_survive
             assert workload.output_log(recovered, STEPS) == reference
             for handle, (view, integral) in workload.views_match_logs(recovered, STEPS).items():
                 assert view and view == integral, handle
+            assert workload.batch_sql_differences(spark, recovered, STEPS) == []
     finally:
         stop_connect_server(state_dir, port)

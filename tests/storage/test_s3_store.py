@@ -51,6 +51,7 @@ def test_steps_on_s3_equal_the_same_steps_on_a_local_disk_and_spark_reads_every_
     pipeline = workload.drive(spark, root, 0, STEPS, INTERVAL)
     assert workload.output_log(pipeline, STEPS) == reference
     assert_views_are_their_logs_integrals(pipeline)
+    assert workload.batch_sql_differences(spark, pipeline, STEPS) == []
     assert any(k.startswith("pipelines/p/state/") and k.endswith(".parquet") for k in files_under(s3, root))
     # delta-spark over s3a, at the latest version and by time travel, reads what delta-rs reads.
     assert workload.delta_spark_differences(spark, root, one_of_each_kind=True) == []

@@ -97,6 +97,26 @@ if __name__ == "__main__":
     drive(spark, root, seed, steps, interval)
 
 
+def batch_sql_differences(spark, pipeline: Pipeline, steps: int) -> list[str]:
+    """The outputs whose integral differs from Spark batch SQL of the demo's view text over
+    the integrated input logs of steps ``0..steps - 1``."""
+    from circuits.library.nexmark_queries import RECOMPUTE_SQL
+    from dagster_project.demo import integral
+    from storage.logs import read_steps
+
+    def rounded(rows) -> Counter:
+        return Counter(tuple(round(v, 6) if isinstance(v, float) else v for v in r) for r in rows)
+
+    for handle in pipeline.circuit.inputs:
+        integral(read_steps(spark, pipeline.inputs.uri(handle), 0, steps - 1)).createOrReplaceTempView(handle)
+    return [
+        handle
+        for handle in pipeline.circuit.outputs
+        if rounded(integral(pipeline.outputs.read(handle, 0, steps - 1)).collect())
+        != rounded(spark.sql(RECOMPUTE_SQL[handle]).collect())
+    ]
+
+
 def delta_spark_differences(spark, root: str, one_of_each_kind: bool = False) -> list[str]:
     """Every Delta table under ``root`` (or, ``one_of_each_kind``, the first of each folder:
     a state table, an output, a view, the checkpoints, ...) read by delta-spark
