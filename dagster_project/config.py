@@ -37,6 +37,7 @@ from circuits.errors import DbspError
 from circuits.sql import SqlError, View, parse_views
 from circuits.sql.parse import check_columns, ddl_columns, ddl_fields, read_tables, views_read
 from gateway.config import GatewaySpec, SourceSpec
+from storage.location import S3_SCHEMES, s3_uri
 
 if typing.TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -181,8 +182,8 @@ class PipelineSpec(BaseModel):
                 if not path:
                     raise ValueError(f"{handle}: {source!r} names no table; write delta:/path/to/table")
                 scheme = path.split("://", 1)[0] if "://" in path else ""
-                if scheme in ("s3", "s3a"):
-                    source = f"{DELTA}s3://{path.split('://', 1)[1]}"  # reached with resources.store's settings
+                if scheme in S3_SCHEMES:
+                    source = DELTA + s3_uri(path)  # reached with resources.store's settings
                 elif scheme:
                     raise ValueError(
                         f"{handle}: {source!r}: a Delta table is read from a local (or mounted) path or from "

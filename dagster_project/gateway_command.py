@@ -45,7 +45,7 @@ def gateway(args: argparse.Namespace) -> int:
         bootstrap,
         kafka.client_config(),
         home("gateway"),
-        CursorStore(store.reach(project.gateway.cursors) if project.gateway.cursors else store.gateway_cursors()),
+        CursorStore(store.gateway_cursors(project.gateway.cursors)),
     )
     running.start()
     print(

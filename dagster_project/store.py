@@ -41,11 +41,7 @@ class StoreSettings(BaseModel):
             )
         if scheme in location.S3_SCHEMES and not urlparse(root).netloc:
             raise ValueError(f"root={root!r}: name the bucket, as s3://bucket/prefix")
-        return (
-            "s3://" + root.split("://", 1)[1].rstrip("/")
-            if scheme in location.S3_SCHEMES
-            else root.removeprefix("file://")
-        )
+        return location.s3_uri(root.rstrip("/")) if scheme in location.S3_SCHEMES else root.removeprefix("file://")
 
     @field_validator("endpoint")
     @classmethod
@@ -64,9 +60,11 @@ class StoreSettings(BaseModel):
         """Where pipeline ``name``'s tables live (see :meth:`reach`)."""
         return self.reach(f"{self.root or home('pipelines')}/{name}")
 
-    def gateway_cursors(self) -> str:
-        """The gateway's cursors by default: beside the pipelines on an object store, else in
-        the home (``$DBSP_HOME/gateway/cursors``)."""
+    def gateway_cursors(self, setting: str) -> str:
+        """The gateway's cursors: at its ``gateway.cursors`` ``setting``, else beside the
+        pipelines on an object store, else in the home (``$DBSP_HOME/gateway/cursors``)."""
+        if setting:
+            return self.reach(setting)
         return self.reach(f"{self.root}/_gateway_cursors") if location.remote(self.root) else home("gateway", "cursors")
 
     def reach(self, uri: str) -> str:

@@ -135,6 +135,11 @@ def reach_spark(spark, uri: str) -> None:
             spark.conf.set(key, value)
 
 
+def s3_uri(uri: str) -> str:
+    """An object store's ``uri`` as the engine names it: ``s3://`` (also for ``s3a://``)."""
+    return "s3://" + uri.split("://", 1)[1]
+
+
 def spark_path(uri: str) -> str:
     """``uri`` as Spark's Hadoop file systems name it (``s3a://`` for S3)."""
     return "s3a://" + uri.split("://", 1)[1] if urlparse(uri).scheme == "s3" else uri

@@ -174,7 +174,7 @@ def test_the_gateways_cursors_live_beside_the_pipelines_on_the_bucket(s3, tmp_pa
         ):
             store_settings(project)
         env.setenv("LAKE_SECRET", SECRET_KEY)
-        uri = store_settings(project).gateway_cursors()
+        uri = store_settings(project).gateway_cursors("")
     assert uri == f"s3://{bucket}/lake/_gateway_cursors"
     cursors = CursorStore(uri)
     cursors.commit({("t", "a.log"): 120}, {("t", 0): 7})
