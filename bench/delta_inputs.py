@@ -16,7 +16,13 @@ amounts, the other half's statuses) and inserts as many new ones, one version; t
   new step;
 - peer: Spark batch SQL of ``shop``'s views over the table, each written as a Delta table
   (overwritten, as a recompute publishes it), and of ``tiers``'s view alone recomputed from
-  the table (``shop.by_customer``'s query as its subquery), written the same way.
+  the table (``shop.by_customer``'s query as its subquery), written the same way;
+- peer: one ``spark-pipelines run`` (Spark Declarative Pipelines, from the project's
+  PySpark) of the same views file over the table (a temporary view ``orders`` over
+  ``delta.`path```, Delta's JARs and settings given to its Spark), as a user's scheduled
+  run refreshes it: SDP recomputes every materialized view each run.  Its wall time (its
+  own Spark started, as a user's run does) and its run alone (``Starting run`` to ``Run is
+  COMPLETED`` in its log); ``--no-sdp`` leaves it out.
 
 A ``max`` over groups of millions of rows under updates re-reads the touched groups'
 values every step (``circuits.operators.nonlinear.Aggregate``); ``--no-extremes`` takes
@@ -25,7 +31,7 @@ values every step (``circuits.operators.nonlinear.Aggregate``); ``--no-extremes`
 Both sides run on one Spark Connect server (``--url``, or one started for the run), the
 peer in a session with Spark's defaults. Medians over ``--rounds`` rounds after
 ``--warmup``, and the ratios: shop's step / shop's recompute, both steps / tiers's
-recompute. At the end each view of ours equals its recompute.
+recompute, shop's step / SDP's run. At the end each view of ours equals its recompute and SDP's table.
 
     python bench/delta_inputs.py --rows 10000000 --fraction 0.001 --rounds 3
 """
@@ -42,7 +48,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import on_spark, peer_session, timed
 from pyspark.sql import SparkSession
+from sdp import run_sdp, sdp_project
 
+from circuits.jvm import SPARK, jars
+from circuits.spark import DELTA_CONF
 from dagster_project.config import parse_project
 from dagster_project.factory import open_pipeline
 from dagster_project.resources import KafkaResource, SparkResource, StoreResource
@@ -142,7 +151,7 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
     def step(name: str) -> None:
         """One step as a step run takes it; the seconds of its cut (the sensor's) in ``cuts``."""
         spec, pipeline = pipelines[name]
-        source = kafka.source(spec, store)
+        source = kafka.source(spec, store, spark_resource, verify=True)
         started = time.perf_counter()
         cut = cut_next(DivisionLog(store.pipeline_root(name)), source, DivisionPolicy(1_000_000, 0))
         cuts.append(time.perf_counter() - started)
@@ -156,7 +165,13 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
     peer = peer_session(spark, args.url)
     shop_views, tiers_views = queries(sums if args.no_extremes else SHOP), queries(TIERS)
     tiers_alone = {"tiers": tiers_views["tiers"].replace("by_customer", f"({shop_views['by_customer']}) AS c")}
-    figures = {k: [] for k in ("shop", "tiers", "shop_batch", "tiers_batch")}
+    figures = {k: [] for k in ("shop", "tiers", "shop_batch", "tiers_batch", "sdp_wall", "sdp_run")}
+    sdp_spec = sdp_project(
+        os.path.join(work, "sdp"),
+        os.path.join(work, "shop_sums.sql" if args.no_extremes else "shop.sql"),
+        {"orders": f"delta.`{table}`"},
+    )
+    sdp_conf = {**DELTA_CONF, "spark.jars": ",".join(jars(SPARK))}
     next_id = args.rows
     for i in range(args.warmup + args.rounds):
         next_id = merge(spark, table, args.rows, args.fraction, next_id, salt=i + 1)
@@ -165,14 +180,18 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
         shop_cut = cuts[-2]
         shop_batch = timed(lambda: recompute(peer, table, shop_views, os.path.join(work, "batch")))
         tiers_batch = timed(lambda: recompute(peer, table, tiers_alone, os.path.join(work, "batch")))
+        sdp = {"wall": float("nan"), "run": float("nan")}
+        if not args.no_sdp:
+            sdp = run_sdp(sys.executable, sdp_spec, os.path.join(work, f"sdp-{i}.log"), sdp_conf)
         print(
             f"round {i}{' (warm-up)' if i < args.warmup else ''}: shop step {shop:.2f} s (its cut {shop_cut:.2f} s), "
             f"tiers step {tiers:.2f} s; "
-            f"recompute shop {shop_batch:.2f} s, tiers alone {tiers_batch:.2f} s",
+            f"recompute shop {shop_batch:.2f} s, tiers alone {tiers_batch:.2f} s; "
+            f"SDP run {sdp['wall']:.2f} s (its run {sdp['run']:.2f} s)",
             flush=True,
         )
         if i >= args.warmup:
-            for key, value in zip(figures, (shop, tiers, shop_batch, tiers_batch)):
+            for key, value in zip(figures, (shop, tiers, shop_batch, tiers_batch, sdp["wall"], sdp["run"])):
                 figures[key].append(value)
     median = {k: statistics.median(v) for k, v in figures.items()}
     print(f"\nmedians of {args.rounds} rounds, {args.rows:,} rows, {args.fraction:g} of them changed per version:")
@@ -180,6 +199,12 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
         f"  shop's step {median['shop']:.2f} s / its views recomputed {median['shop_batch']:.2f} s: "
         f"{median['shop'] / median['shop_batch']:.3f}x"
     )
+    if not args.no_sdp:
+        print(
+            f"  shop's step {median['shop']:.2f} s / one spark-pipelines run {median['sdp_wall']:.2f} s: "
+            f"{median['shop'] / median['sdp_wall']:.3f}x (its run alone {median['sdp_run']:.2f} s: "
+            f"{median['shop'] / median['sdp_run']:.3f}x)"
+        )
     both = median["shop"] + median["tiers"]
     print(
         f"  both chained steps {both:.2f} s / tiers recomputed alone {median['tiers_batch']:.2f} s: "
@@ -189,7 +214,10 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
         ours = spark.read.format("delta").load(view_uri(store.pipeline_root(root), name))
         batch = spark.read.format("delta").load(os.path.join(work, "batch", name))
         assert ours.count() == batch.count() and ours.exceptAll(batch).isEmpty(), f"view {name} differs"
-    print("  every view equals its recompute")
+        if not args.no_sdp and root == "shop":
+            theirs = spark.read.parquet(os.path.join(work, "sdp", "spark-warehouse", name)).select(*ours.columns)
+            assert ours.count() == theirs.count() and ours.exceptAll(theirs).isEmpty(), f"SDP's {name} differs"
+    print(f"  every view equals its recompute{'' if args.no_sdp else ' and SDP table'}")
 
 
 def main() -> None:
@@ -202,6 +230,7 @@ def main() -> None:
     parser.add_argument(
         "--no-extremes", action="store_true", help="by_status sums the amounts instead of taking their max"
     )
+    parser.add_argument("--no-sdp", action="store_true", help="leave out the spark-pipelines run per round")
     parser.add_argument("--url", help="a running Spark Connect server (default: one started for the run)")
     args = parser.parse_args()
     on_spark(run, args, "dbsp-delta-inputs-")

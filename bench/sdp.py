@@ -88,31 +88,34 @@ def load_state(settings: dict, data: str, events: int) -> None:
     spark.stop()
 
 
-def sdp_project(directory: str, data: str) -> str:
-    """An SDP project: the views' file itself (linked), a second file of the inputs as
-    temporary views over ``data``'s Parquet files, and the spec.  Returns the spec's path."""
+def sdp_project(directory: str, views: str, inputs: dict[str, str]) -> str:
+    """An SDP project: the ``views`` file itself (linked), a second file of the inputs as
+    temporary views (``inputs``: per name what it selects from, such as a Parquet folder's
+    ``parquet.`path```), and the spec.  Returns the spec's path."""
     os.makedirs(directory)
-    os.symlink(NEXMARK_SQL, os.path.join(directory, "nexmark.sql"))
+    os.symlink(views, os.path.join(directory, "views.sql"))
     with open(os.path.join(directory, "sources.sql"), "w") as f:
-        for name in SCHEMAS:
-            f.write(f"CREATE TEMPORARY VIEW {name} AS SELECT * FROM parquet.`{os.path.join(data, name)}`;\n")
+        for name, relation in inputs.items():
+            f.write(f"CREATE TEMPORARY VIEW {name} AS SELECT * FROM {relation};\n")
     spec = os.path.join(directory, "spark-pipeline.yml")
     with open(spec, "w") as f:
         f.write(
-            f"name: nexmark\nstorage: file://{directory}/storage\nlibraries:\n"
-            "  - glob:\n      include: nexmark.sql\n  - glob:\n      include: sources.sql\n"
+            f"name: views\nstorage: file://{directory}/storage\nlibraries:\n"
+            "  - glob:\n      include: views.sql\n  - glob:\n      include: sources.sql\n"
         )
     return spec
 
 
-def run_sdp(python: str, spec: str, log: str) -> dict:
-    """One ``spark-pipelines run``: its wall seconds, and those from "Starting run" to
-    "Run is COMPLETED" in its log.  The hive catalog lets a second run replace the tables
-    (the default in-memory catalog fails with LOCATION_ALREADY_EXISTS)."""
+def run_sdp(python: str, spec: str, log: str, conf: dict[str, str] | None = None) -> dict:
+    """One ``spark-pipelines run`` (with the Spark settings ``conf``): its wall seconds, and
+    those from "Starting run" to "Run is COMPLETED" in its log.  The hive catalog lets a
+    second run replace the tables (the default in-memory catalog fails with
+    LOCATION_ALREADY_EXISTS)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "SPARK_HOME")}
     env["PYSPARK_PYTHON"] = python
     command = [os.path.join(os.path.dirname(python), "spark-pipelines"), "run", "--spec", spec]
-    command += ["--conf", "spark.sql.catalogImplementation=hive", "--driver-memory", "4g"]
+    settings = {"spark.sql.catalogImplementation": "hive", **(conf or {})}
+    command += [*(f for k, v in settings.items() for f in ("--conf", f"{k}={v}")), "--driver-memory", "4g"]
     started = time.perf_counter()
     with open(log, "w") as out:
         subprocess.run(command, cwd=os.path.dirname(spec), env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -157,7 +160,9 @@ def main() -> None:
     data = os.path.join(root, "data")
     for start in range(0, args.state, FILE_EVENTS):
         write_events(data, start, min(FILE_EVENTS, args.state - start))
-    spec = sdp_project(os.path.join(root, "sdp"), data)
+    spec = sdp_project(
+        os.path.join(root, "sdp"), str(NEXMARK_SQL), {n: f"parquet.`{os.path.join(data, n)}`" for n in SCHEMAS}
+    )
     broker, spark = free_port(), free_port()
     settings = project(root, args.events, broker, spark)
     os.environ["DBSP_HOME"] = os.path.join(root, "home")  # as Served sets it: one embedded Spark server

@@ -127,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         "--verbose", action="store_true", help="show Dagster's events on the terminal too (they always go to the log)"
     )
     d.add_argument("--sql", metavar="FILE", help="run the Nexmark inputs through the views of this SQL file instead")
+    d.add_argument(
+        "--source",
+        choices=["kafka", "delta"],
+        default="kafka",
+        help="where the events go: the pipeline's Kafka topics (default), or Delta tables a Spark MERGE updates",
+    )
     d.set_defaults(run="demo")
 
     k = commands.add_parser("klogs-demo", help="the KLogs paper's word count through Dagster, printing its totals")

@@ -67,11 +67,14 @@ def demo(args: argparse.Namespace) -> int:
         with Progress(
             terminal, live=False if args.verbose else None, mirror=None if args.verbose else sys.stdout
         ) as progress:
+            into = " merged into Delta tables" if args.source == "delta" else ""
             progress.line(
-                f"dbsp demo: {args.steps} steps of {args.events_per_step} Nexmark events, run through Dagster"
+                f"dbsp demo: {args.steps} steps of {args.events_per_step} Nexmark events{into}, run through Dagster"
             )
             try:
-                result = run_demo(project, args.steps, args.events_per_step, args.seed, args.reset, progress, args.sql)
+                result = run_demo(
+                    project, args.steps, args.events_per_step, args.seed, args.reset, progress, args.sql, args.source
+                )
             except (Exception, KeyboardInterrupt) as e:  # the traceback goes to the log, one line to the terminal
                 traceback.print_exc()
                 interrupted = isinstance(e, KeyboardInterrupt)
@@ -146,7 +149,7 @@ def status(args: argparse.Namespace) -> int:
     resources = build_resources(project)
     root = resources["store"].pipeline_root(spec.name)
     print(f"pipeline {spec.name}")
-    print(status_text(report(root, resources["kafka"].source(spec, resources["store"]))))
+    print(status_text(report(root, _source(resources, spec))))
     print("\n".join(dead_letters_note(root, spec.sources, spec.max_dead_letter_share)))
     return 0
 
@@ -158,12 +161,16 @@ def recover(args: argparse.Namespace) -> int:
     resources = build_resources(project)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
     holder = _holder("recover")
-    recovery = pipeline.recover(resources["kafka"].source(spec, resources["store"]).read, holder, args.break_lease)
+    recovery = pipeline.recover(_source(resources, spec, verify=True).read, holder, args.break_lease)
     if args.break_lease:
         print(f"broke the lease: {recovery.broken}")
     record_committed(devserver.open_instance(), spec, pipeline, recovery.ran, holder.name)
     print(f"ran steps {list(recovery.ran)}; next step {recovery.next_step}")
     return 0
+
+
+def _source(resources: dict, spec, verify: bool = False):
+    return resources["kafka"].source(spec, resources["store"], resources["spark"], verify)
 
 
 def quarantine(args: argparse.Namespace) -> int:
@@ -190,7 +197,7 @@ def step(args: argparse.Namespace) -> int:
     as materialized."""
     project, spec = _pipeline(args)
     resources = build_resources(project)
-    source = resources["kafka"].source(spec, resources["store"])
+    source = _source(resources, spec, verify=True)
     pipeline = open_pipeline(spec, resources["spark"], resources["store"])
     policy = DivisionPolicy(spec.max_records_per_step, 0)
     while (cut := cut_next(pipeline.divisions, source, policy)).step is not None:

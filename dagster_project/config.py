@@ -47,6 +47,7 @@ if typing.TYPE_CHECKING:
 
 CONFIG_ENV = "DBSP_CONFIG"
 DELTA = "delta:"  # as sensors.delta_source.DELTA: this module loads no source package
+TABLE = "table:"  # as sensors.delta_source.TABLE
 VIEW = "view:"  # as sensors.upstream.VIEW
 
 
@@ -132,7 +133,7 @@ class PipelineSpec(BaseModel):
     sources: dict[str, str] = Field(
         description="the source of each circuit input, every input needs one: a Kafka topic (bids: nexmark.bids), a "
         "Delta table with the change data feed on, 'delta:' and its path (orders: delta:/data/orders; relative to "
-        "the configuration file), or a view of another pipeline of this file (totals: view:shop.by_region)"
+        "the configuration file) or 'table:' and its name in the Spark catalog (orders: table:shop.orders), or a view of another pipeline of this file (totals: view:shop.by_region)"
     )
     sinks: list[SinkSpec] = Field(
         default_factory=list,
@@ -191,6 +192,12 @@ class PipelineSpec(BaseModel):
                     )
                 else:
                     source = DELTA + str(Path((info.context or {}).get("base", ".")).joinpath(path).absolute())
+            elif source.startswith(TABLE):
+                if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*){0,2}", source.removeprefix(TABLE)):
+                    raise ValueError(
+                        f"{handle}: {source!r} names no table; write table:<schema>.<name> (or "
+                        "table:<catalog>.<schema>.<name>), a Delta table of the Spark session's catalog"
+                    )
             elif source.startswith(VIEW):
                 if not re.fullmatch(r"[a-z][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*", source.removeprefix(VIEW)):
                     raise ValueError(
@@ -200,7 +207,8 @@ class PipelineSpec(BaseModel):
             elif not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", source):
                 raise ValueError(
                     f"{handle}: {source!r} is neither a Kafka topic (letters, digits, '.', '_' and '-'), a Delta "
-                    "table (delta:/path/to/table) nor another pipeline's view (view:<pipeline>.<view>)"
+                    "table (delta:/path/to/table, or table:<schema>.<name> in the Spark catalog) nor another "
+                    "pipeline's view (view:<pipeline>.<view>)"
                 )
             resolved[handle] = source
         return resolved
@@ -208,12 +216,12 @@ class PipelineSpec(BaseModel):
     @property
     def topics(self) -> dict[str, str]:
         """The Kafka topic of each input read from Kafka."""
-        return {h: s for h, s in self.sources.items() if not s.startswith((DELTA, VIEW))}
+        return {h: s for h, s in self.sources.items() if not s.startswith((DELTA, TABLE, VIEW))}
 
     @property
     def tables(self) -> dict[str, str]:
-        """The source (``delta:<path>``) of each input read from a Delta table."""
-        return {h: s for h, s in self.sources.items() if s.startswith(DELTA)}
+        """The source (``delta:<path>`` or ``table:<name>``) of each input read from a Delta table."""
+        return {h: s for h, s in self.sources.items() if s.startswith((DELTA, TABLE))}
 
     @property
     def upstream(self) -> dict[str, str]:
@@ -651,10 +659,13 @@ def demo_settings() -> dict:
                 "sources": {"persons": "nexmark.persons", "auctions": "nexmark.auctions", "bids": "nexmark.bids"},
                 "max_records_per_step": 5_000,
                 "max_wait_seconds": 5,
-                "producer": "circuits.library.nexmark:nexmark_records",
+                "producer": NEXMARK_PRODUCER,
             }
         ]
     }
+
+
+NEXMARK_PRODUCER = "circuits.library.nexmark:nexmark_records"
 
 
 def load_project(path: str | None = None, circuits: bool = True) -> ProjectSpec:

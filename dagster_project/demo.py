@@ -14,26 +14,32 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
+import pyarrow.compute as pc
 from dagster import DagsterInstance, EventLogEntry, build_sensor_context
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from circuits.daemon import listening
 from circuits.errors import DbspError
+from circuits.library.nexmark import KEYS, NexmarkGenerator, nexmark_changes
 from circuits.library.nexmark_queries import NEXMARK_SQL
 from circuits.sql import batch_views
+from circuits.sql.parse import ddl_columns
 from circuits.zset import WEIGHT
+from sensors.delta_source import open_table, table_path
 from storage import location
+from storage.delta import add_actions
 from storage.logs import STEP, DivisionLog
 from storage.pipeline import Pipeline, status
 
-from .config import PipelineSpec, ProjectSpec, load_object
+from .config import DELTA, NEXMARK_PRODUCER, ConfigError, PipelineSpec, ProjectSpec, load_object
 from .console import Progress
-from .demo_producer import produce_events
+from .demo_producer import create_change_fed, merge_changes, produce_events
 from .devserver import open_instance
 from .factory import build_definitions
 from .kafka import EMBEDDED
 from .status import dead_letters_note
+from .store import store_settings
 
 # The engine's phases (the step materialization's ``seconds/<phase>`` metadata), as shown.
 PHASES = {
@@ -124,14 +130,21 @@ def run_demo(
     reset: bool,
     progress: Progress,
     sql: str | None = None,
+    source: str = "kafka",
 ) -> DemoResult:
-    """Produces ``steps`` batches of events; each becomes one step run through Dagster.
-    ``sql``: a file of views over the demo's inputs, run instead of the pipeline's definition."""
+    """Feeds ``steps`` batches of events; each becomes one step run through Dagster.
+    ``sql``: a file of views over the demo's inputs, run instead of the pipeline's
+    definition.  ``source``: ``kafka``, events produced to the pipeline's topics, or
+    ``delta``, each batch merged into a Delta table per input by Spark."""
     base = project.pipelines[0].model_dump()
     if sql is not None:
         base.update(sql=os.path.abspath(sql), circuit=None, sinks=[], bags=[])
-    # One step per batch: cut as soon as a batch is there.
-    spec = PipelineSpec(**{**base, "max_records_per_step": events_per_step, "max_wait_seconds": 0})
+    tables = f"{store_settings(project).pipeline_root(base['name'])}_sources"
+    if source == "delta":
+        base.update(sources={h: f"{DELTA}{tables}/{h}" for h in base["sources"]})
+    # One step per batch: cut as soon as a batch is there (in a table: its MERGE, and its creation first).
+    per_step = 2 * len(base["sources"]) if source == "delta" else events_per_step
+    spec = PipelineSpec(**{**base, "max_records_per_step": per_step, "max_wait_seconds": 0})
     project = project.model_copy(update={"pipelines": [spec], "sources": []})  # its resources, and their file
     defs = build_definitions(project)
     instance = open_instance()
@@ -140,36 +153,110 @@ def run_demo(
     root = store.pipeline_root(spec.name)
     if reset:
         location.remove_tree(root)
+        location.remove_tree(tables)
     sensor = defs.resolve_sensor_def(spec.sensor_name)
     step_job = defs.resolve_job_def(f"{spec.name}_step_job")
-    with progress.phase(_kafka_phase(kafka)):
-        source = kafka.topics(spec)
-    progress.line(f"broker {source.bootstrap_servers}, topics {', '.join(sorted(source.topics.values()))}")
+    if source == "kafka":
+        with progress.phase(_kafka_phase(kafka)):
+            feed = KafkaFeed(kafka.topics(spec), load_object(spec.producer), root)
+        progress.line(
+            f"broker {feed.source.bootstrap_servers}, topics {', '.join(sorted(feed.source.topics.values()))}"
+        )
     with progress.phase(_spark_phase(spark)):
         session = spark.session()
+    if source == "delta":
+        with progress.phase("creating the input tables"):
+            feed = DeltaFeed(session, spec)
+        progress.line(f"input tables under {tables}, each batch one MERGE by Spark")
     with progress.phase("compiling the pipeline's circuit"):
-        spec.circuit_for(session)  # a SQL view Spark cannot analyse fails here, before anything is produced or divided
+        spec.circuit_for(session)  # a SQL view Spark cannot analyse fails here, before anything is fed or divided
     progress.line(f"state under {root}")
     reports = []
     for _ in range(steps):
         if not all(r.succeeded for r in reports):
             break  # the later steps would fail too: a step runs only after its predecessor
-        with progress.phase(f"producing {events_per_step} events"):
-            produce_events(source, load_object(spec.producer), events_per_step, seed)
+        with progress.phase(f"{feed.verb} {events_per_step} events"):
+            feed.feed(events_per_step, seed)
         with progress.phase("sensor tick: recording the next step's division"):
             result = sensor(build_sensor_context(instance=instance, resources=resources))
         for request in result.dynamic_partitions_requests or []:
             instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
         for request in result.run_requests or []:
-            report = _run_step(step_job, instance, request, events_of(root, int(request.partition_key)), progress)
+            report = _run_step(step_job, instance, request, feed.events(int(request.partition_key)), progress)
             progress.line(report.line())
             reports.append(report)
     dead_letters = dead_letters_note(root, spec.sources, spec.max_dead_letter_share)
     if not all(r.succeeded for r in reports):  # the server may be gone with the step: nothing to check
         return DemoResult(reports, Counter(), None, dead_letters)
-    with progress.phase("checking each view against Spark batch SQL over the input log"):
+    with progress.phase(f"checking each view against Spark batch SQL over {feed.oracle}"):
         pipeline = Pipeline(session, root, spec.circuit_for(session), workers=spec.workers)
-        return _check_views(pipeline, spec, reports, dead_letters)
+        return _check_views(pipeline, spec, feed, reports, dead_letters)
+
+
+class KafkaFeed:
+    """The demo's events produced to the pipeline's topics; the oracle's inputs are the
+    integrated input log (what the steps decoded)."""
+
+    verb, oracle = "producing", "the input log"
+
+    def __init__(self, source, records_of, root: str):
+        self.source, self.records_of, self.root = source, records_of, root
+
+    def feed(self, events: int, seed: int) -> None:
+        produce_events(self.source, self.records_of, events, seed)
+
+    def events(self, step: int) -> tuple[int, int]:
+        return events_of(self.root, step)
+
+    def inputs(self, pipeline: Pipeline, last: int) -> dict[str, DataFrame]:
+        return {h: integral(pipeline.inputs.admitted(h, 0, last)) for h in pipeline.circuit.inputs}
+
+
+class DeltaFeed:
+    """The Nexmark demo's changes merged into a Delta table per input (one ``MERGE`` each
+    per batch: new events inserted, earlier rows updated and deleted); the oracle's inputs
+    are the tables as of the last step's versions."""
+
+    verb, oracle = "merging", "the tables as of the last step's versions"
+
+    def __init__(self, spark, spec: PipelineSpec):
+        if spec.producer != NEXMARK_PRODUCER:
+            raise ConfigError(
+                f"pipeline {spec.name!r}: --source delta feeds the built-in Nexmark inputs "
+                f"(producer: {NEXMARK_PRODUCER}); write your own tables with Spark and run `dbsp step`"
+            )
+        self.spark, self.spec = spark, spec
+        self.schemas = spec.input_schemas()
+        self.batch = (0, 0)
+        for handle, ddl in self.schemas.items():
+            create_change_fed(spark, table_path(spec.sources[handle]), ddl)
+
+    def feed(self, events: int, seed: int) -> None:
+        # The sequence goes on after the latest event in the tables (never changed later: see
+        # nexmark_changes), found in the data files' statistics: no Spark job.
+        files = [add_actions(open_table(self.spec.sources[h])) for h in self.schemas]
+        times = [pc.max(f.column("max.date_time")).as_py() for f in files if f.num_rows]
+        start = NexmarkGenerator(seed).index(max(times)) + 1 if times else 0
+        for handle, changes in nexmark_changes(start, events, seed).items():
+            merge_changes(
+                self.spark, table_path(self.spec.sources[handle]), self.schemas[handle], KEYS[handle], changes
+            )
+        self.batch = (start, start + events)
+
+    def events(self, step: int) -> tuple[int, int]:
+        return self.batch
+
+    def inputs(self, pipeline: Pipeline, last: int) -> dict[str, DataFrame]:
+        versions = {r.source: r.end - 1 for ranges in DivisionLog(pipeline.root).all().values() for r in ranges}
+        return {
+            h: self._table(h, versions[self.spec.sources[h]]).select(*ddl_columns(self.schemas[h]))
+            for h in self.schemas
+        }
+
+    def _table(self, handle: str, version: int | None = None) -> DataFrame:
+        reader = self.spark.read.format("delta")
+        reader = reader if version is None else reader.option("versionAsOf", version)
+        return reader.load(location.spark_path(table_path(self.spec.sources[handle])))
 
 
 def events_of(root: str, step: int) -> tuple[int, int]:
@@ -258,13 +345,13 @@ def _names(cls: type) -> set[str]:
 
 
 def _check_views(
-    pipeline: Pipeline, spec: PipelineSpec, reports: list[StepReport], dead_letters: list[str]
+    pipeline: Pipeline, spec: PipelineSpec, feed, reports: list[StepReport], dead_letters: list[str]
 ) -> DemoResult:
     """Each sink integrated from its output log against Spark batch SQL of the same view's
-    text over the integrated input log."""
+    text over the feed's inputs as of the last step."""
     last = status(pipeline.root).committed_step - 1
     spark = pipeline.spark
-    inputs = {h: integral(pipeline.inputs.admitted(h, 0, last)) for h in pipeline.circuit.inputs}
+    inputs = feed.inputs(pipeline, last)
     sql = spec.sql or str(NEXMARK_SQL)
     recomputed = batch_views(spark, open(sql).read(), inputs, sql)
     maintained = {

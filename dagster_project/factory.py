@@ -198,7 +198,7 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         first, last = (int(k) for k in (context.partition_key_range.start, context.partition_key_range.end))
         with step_pipeline(spec, spark, store) as pipeline, pipeline.lease.held(_holder(context, spec)):
             context.log.info(f"{spec.name}: running steps {first}..{last}")
-            ran = pipeline.run_steps(kafka.source(spec, store).read, first, last)
+            ran = pipeline.run_steps(kafka.source(spec, store, spark, verify=True).read, first, last)
         context.log.info(
             f"{spec.name}: ran steps {list(ran)}"
             if ran
@@ -332,8 +332,10 @@ def _offset_sensor(spec: PipelineSpec, partitions: DynamicPartitionsDefinition, 
         description=f"Cuts the next step of {spec.name!r} from its topics' end offsets, its Delta tables' "
         "latest versions and its upstream pipelines' committed steps, and requests its run.",
     )
-    def offsets(context: SensorEvaluationContext, store: StoreResource, kafka: KafkaResource):
-        return evaluate_sensor(spec, policy, partitions, context.instance, store, kafka, gateway_fed, context.log)
+    def offsets(context: SensorEvaluationContext, store: StoreResource, kafka: KafkaResource, spark: SparkResource):
+        return evaluate_sensor(
+            spec, policy, partitions, context.instance, store, kafka, spark, gateway_fed, context.log
+        )
 
     return offsets
 
@@ -345,6 +347,7 @@ def evaluate_sensor(
     instance,
     store: StoreResource,
     kafka: KafkaResource,
+    spark: SparkResource,
     gateway_fed: bool = False,
     log: logging.Logger | None = None,
 ):
@@ -353,7 +356,7 @@ def evaluate_sensor(
     once; so a tick that died after recording a division loses nothing."""
     root = store.pipeline_root(spec.name)
     try:
-        source = kafka.source(spec, store)
+        source = kafka.source(spec, store, spark)
         # Demand-based flush (docs/gateway.md): the gateway hands over its partly filled buffers now,
         # so the step about to be cut holds every record it has read.
         figures, unflushed = flush_gateway(gateway_fed)
@@ -509,15 +512,15 @@ def _maintenance_jobs(spec: PipelineSpec) -> list:
     ):
         pipeline = open_pipeline(spec, spark, store)
         holder = _holder(context, spec)
-        recovery = pipeline.recover(kafka.source(spec, store).read, holder, config.break_lease)
+        recovery = pipeline.recover(kafka.source(spec, store, spark, verify=True).read, holder, config.break_lease)
         if config.break_lease:
             context.log.warning(f"broke the lease of {recovery.broken}")
         record_committed(context.instance, spec, pipeline, recovery.ran, f"run {holder.name}")
         context.log.info(f"recovered: ran steps {list(recovery.ran)}; next step {recovery.next_step}")
 
     @op(name=f"{spec.name}_status_op")
-    def show_status(context: OpExecutionContext, store: StoreResource, kafka: KafkaResource):
-        context.log.info(status_text(report(store.pipeline_root(spec.name), kafka.source(spec, store))))
+    def show_status(context: OpExecutionContext, store: StoreResource, kafka: KafkaResource, spark: SparkResource):
+        context.log.info(status_text(report(store.pipeline_root(spec.name), kafka.source(spec, store, spark))))
 
     pipeline_tags = {PIPELINE_TAG: spec.name}
     jobs = [

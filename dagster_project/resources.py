@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pyspark.sql import SparkSession
 
 from circuits.spark import connect_server, remote_session, session
-from sensors.delta_source import DeltaTables, table_path
+from sensors.delta_source import DeltaTables, catalog_tables, table_path
 from sensors.ingest import KafkaSource, Sources
 from sensors.upstream import UpstreamViews, view_name
 
@@ -74,16 +74,18 @@ class KafkaResource(_Resource, KafkaSettings):
         bootstrap = self.bootstrap({t: spec.topic_partitions for t in spec.topics.values()})
         return KafkaSource(bootstrap, spec.topics, self.client_config())
 
-    def source(self, spec: PipelineSpec, store: StoreResource) -> Sources:
+    def source(self, spec: PipelineSpec, store: StoreResource, spark: SparkResource, verify: bool = False) -> Sources:
         """The pipeline's inputs: its topics (see :meth:`topics`), its Delta tables (one on S3
-        reached with ``store``'s settings) and the views of other pipelines it reads (their
-        output logs in ``store``)."""
+        reached with ``store``'s settings; one named in the catalog found with ``spark``, and
+        with ``verify`` asked again: see :func:`~sensors.delta_source.catalog_tables`) and the
+        views of other pipelines it reads (their output logs in ``store``)."""
         upstream = {view_name(s)[0] for s in spec.upstream.values()}
-        for source in spec.tables.values():
+        tables = catalog_tables(spec.tables, store.pipeline_root(spec.name), spark.session, verify)
+        for source in tables.values():
             store.reach(table_path(source))
         return Sources(
             self.topics(spec),
-            DeltaTables(spec.tables) if spec.tables else None,
+            DeltaTables(tables) if tables else None,
             UpstreamViews(spec.upstream, {p: store.pipeline_root(p) for p in upstream}) if spec.upstream else None,
         )
 

@@ -14,12 +14,14 @@ any input, so a replay never reads the table again.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -41,6 +43,10 @@ from .errors import (
 
 DELTA = "delta:"
 """The prefix of a Delta table input's source (Kafka topic names cannot hold ``:``)."""
+TABLE = "table:"
+"""The prefix of an input read from a Delta table by its name in the Spark session's catalog."""
+CATALOG_RECORD = "_catalog_tables.json"
+"""Beside a pipeline's tables: the location each of its ``table:<name>`` inputs was found at."""
 CHANGE_FEED = "delta.enableChangeDataFeed"
 CHANGE_WEIGHTS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
 """The Z-set weight of each ``_change_type`` of Delta's change data feed."""
@@ -54,7 +60,58 @@ def table_path(source: str) -> str:
     return source.removeprefix(DELTA)
 
 
-def _open(source: str, version: int | None = None) -> DeltaTable:
+def catalog_tables(
+    names: dict[str, str], root: str, session: Callable[[], SparkSession], verify: bool
+) -> dict[str, str]:
+    """Each input's source with every ``table:<name>`` replaced by ``delta:<location>``, the
+    location the Spark session's catalog gave for the name the first time (recorded in the
+    pipeline's ``root``, so the sensor asks Spark once and the divisions name one table).
+    ``verify``: ask the catalog again (a step run, which holds a session anyway): a name
+    that now names another location is refused; a name the catalog no longer knows (an
+    in-memory catalog after its server restarted) keeps its recorded location."""
+    named = {h: s.removeprefix(TABLE) for h, s in names.items() if s.startswith(TABLE)}
+    if not named:
+        return names
+    record = f"{root}/{CATALOG_RECORD}"
+    found = json.loads(location.read_text(record)) if location.exists(record) else {}
+    missing = sorted(set(named.values()) - set(found))
+    for name in sorted(set(named.values())) if verify else missing:
+        now = _catalog_location(session(), name, name in found)
+        if now is not None and found.setdefault(name, now) != now:
+            raise TableRewrittenError(
+                f"table {name}: the catalog names {now}, but the pipeline has read it at {found[name]}; "
+                f"point the input at delta:{found[name]} to go on, or start the pipeline anew on a new store root"
+            )
+    if missing:
+        location.makedirs(root)
+        location.write_text(record, json.dumps(found, indent=1, sort_keys=True))
+    return {h: DELTA + found[named[h]] if h in named else s for h, s in names.items()}
+
+
+def _catalog_location(spark: SparkSession, name: str, known: bool) -> str | None:
+    """Where the catalog keeps Delta table ``name`` (None: not in it, but ``known`` before)."""
+    try:
+        detail = spark.sql(f"DESCRIBE DETAIL {name}").first()
+    except AnalysisException as e:
+        if "TABLE_OR_VIEW_NOT_FOUND" not in str(e):
+            raise DeltaInputError(f"table {name}: the Spark catalog cannot describe it: {e}") from e
+        if known:
+            return None
+        raise DeltaTableMissingError(
+            f"table {name}: not in the Spark session's catalog; create it (CREATE TABLE {name} ... USING delta "
+            f"TBLPROPERTIES ({CHANGE_FEED} = true)) or give its path as delta:/path/to/table"
+        ) from None
+    if (detail["format"] or "").lower() != "delta":
+        raise DeltaInputError(
+            f"table {name}: a {detail['format']} table, not a Delta table; an input is read from a Delta table's "
+            "change data feed"
+        )
+    where = detail["location"]
+    return location.s3_uri(where) if where.startswith(("s3a:", "s3:")) else re.sub("^file:(//)?", "", where)
+
+
+def open_table(source: str, version: int | None = None) -> DeltaTable:
+    """delta-rs's handle of the table of ``source`` (``delta:<path>``) at ``version`` (default: the latest)."""
     path = table_path(source)
     try:
         return DeltaTable(path, version=version, storage_options=location.delta_options(path))
@@ -114,7 +171,7 @@ class DeltaTables:
 
     def positions(self) -> dict[tuple[str, int], tuple[int, int]]:
         """Per table ``(source, 0)``: ``(0, latest version + 1)``, the versions a step may take."""
-        return {(s, 0): (0, _open(s).version() + 1) for s in self.sources}
+        return {(s, 0): (0, open_table(s).version() + 1) for s in self.sources}
 
     def check(self, ranges: list[Range]) -> None:
         """Refuses, naming the table, a range of versions a step cannot take whole: one
@@ -153,7 +210,7 @@ def ranged_input(
 
 
 def _check_change_feed(source: str, version: int, r: Range) -> None:
-    configuration = _open(source, version).metadata().configuration
+    configuration = open_table(source, version).metadata().configuration
     if configuration.get(CHANGE_FEED, "false").lower() != "true":
         path = table_path(source)
         raise ChangeFeedMissingError(
@@ -166,7 +223,7 @@ def _check_change_feed(source: str, version: int, r: Range) -> None:
 
 
 def _check_continued(source: str, r: Range) -> None:
-    table = _open(source)
+    table = open_table(source)
     for commit in table.history(table.version() - r.start + 1):
         version = commit.get("version")
         done = _rewrite(commit)
@@ -180,7 +237,7 @@ def _check_continued(source: str, r: Range) -> None:
 
 def table_columns(source: str, version: int) -> T.StructType:
     """The table's columns at ``version``, from its Delta log (Delta's schema is Spark's JSON)."""
-    return T.StructType.fromJson(json.loads(_open(source, version).schema().to_json()))
+    return T.StructType.fromJson(json.loads(open_table(source, version).schema().to_json()))
 
 
 def check_columns(source: str, version: int, handle: str, schema: T.StructType) -> None:

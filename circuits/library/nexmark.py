@@ -23,9 +23,11 @@ AUCTION_SCHEMA = (
 )
 BID_SCHEMA = "auction bigint, bidder bigint, price bigint, channel string, date_time bigint"
 SCHEMAS = {"persons": PERSON_SCHEMA, "auctions": AUCTION_SCHEMA, "bids": BID_SCHEMA}
+COLUMNS = {name: [column.split()[0] for column in ddl.split(",")] for name, ddl in SCHEMAS.items()}
 
 PROPORTION = 50  # events per cycle: 1 person, 3 auctions, 46 bids
 PERSONS_PER_CYCLE, AUCTIONS_PER_CYCLE = 1, 3
+BIDS_PER_CYCLE = PROPORTION - PERSONS_PER_CYCLE - AUCTIONS_PER_CYCLE
 FIRST_ID = 1000
 FIRST_CATEGORY, CATEGORIES = 10, 5
 STATES = ("AZ", "CA", "ID", "OR", "WA", "WY")
@@ -56,6 +58,10 @@ class NexmarkGenerator:
 
     def events(self, start: int, count: int) -> Iterator[tuple[str, tuple]]:
         return (self.event(i) for i in range(start, start + count))
+
+    def index(self, date_time: int) -> int:
+        """The index of the event at ``date_time``."""
+        return (date_time - self.start_ms) // self.inter_event_ms
 
     def _person(self, rng: random.Random, person_id: int, now: int) -> tuple:
         name = f"{rng.choice(FIRST_NAMES)} {rng.choice(LAST_NAMES)}"
@@ -88,10 +94,9 @@ class NexmarkGenerator:
 
 def nexmark_records(start: int, count: int, seed: int = 0) -> dict[str, list[dict]]:
     """Events ``start..start+count`` as JSON-ready records per input (what a producer sends)."""
-    names = {name: [column.split()[0] for column in ddl.split(",")] for name, ddl in SCHEMAS.items()}
     records: dict[str, list[dict]] = {name: [] for name in SCHEMAS}
     for kind, row in NexmarkGenerator(seed=seed).events(start, count):
-        records[kind].append(dict(zip(names[kind], row)))
+        records[kind].append(dict(zip(COLUMNS[kind], row)))
     return records
 
 
@@ -101,3 +106,38 @@ def nexmark_inputs(spark: SparkSession, events: list[tuple[str, tuple]], weight:
     for kind, row in events:
         rows[kind].append((*row, weight))
     return {name: from_rows(spark, rows[name], schema) for name, schema in SCHEMAS.items()}
+
+
+# The demo's Delta tables, upserted by one MERGE each per batch: the key each MERGE matches on.
+KEYS = {"persons": "id", "auctions": "id", "bids": "date_time"}  # a bid's time is its event's, unique
+UPSERT, DELETE = "upsert", "delete"
+
+
+def nexmark_changes(start: int, count: int, seed: int = 0) -> dict[str, list[tuple[str, tuple]]]:
+    """The changes a batch of events ``start..start+count`` makes to the demo's Delta tables,
+    ``(UPSERT | DELETE, row)`` per table, at most one per key: each new event inserted, and
+    for every 100 events one earlier person moved to another city and state, one earlier
+    auction moved to another category, and one earlier bid retracted (deleted).  The last
+    cycle of events before ``start`` is never changed, so :meth:`NexmarkGenerator.index`
+    of the latest ``date_time`` in the tables always tells where the sequence goes on."""
+    generator = NexmarkGenerator(seed=seed)
+    batch: dict[str, dict] = {name: {} for name in SCHEMAS}
+
+    def put(name: str, change: str, row: tuple) -> None:
+        batch[name][row[COLUMNS[name].index(KEYS[name])]] = (change, row)
+
+    cycles = start // PROPORTION - 1  # the cycles before the last one started
+    rng = random.Random(seed * 1_000_003 - start - 1)  # never an event's own stream
+    for _ in range(count // 100 if cycles > 0 else 0):
+        cycle = rng.randrange(cycles)
+        _, person = generator.event(cycle * PROPORTION)
+        put("persons", UPSERT, (*person[:3], rng.choice(CITIES), rng.choice(STATES), person[5]))
+        _, auction = generator.event(cycle * PROPORTION + PERSONS_PER_CYCLE + rng.randrange(AUCTIONS_PER_CYCLE))
+        put("auctions", UPSERT, (*auction[:7], FIRST_CATEGORY + rng.randrange(CATEGORIES)))
+        _, bid = generator.event(
+            cycle * PROPORTION + PERSONS_PER_CYCLE + AUCTIONS_PER_CYCLE + rng.randrange(BIDS_PER_CYCLE)
+        )
+        put("bids", DELETE, bid)
+    for kind, row in generator.events(start, count):
+        put(kind, UPSERT, row)
+    return {name: list(changes.values()) for name, changes in batch.items()}

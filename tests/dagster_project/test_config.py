@@ -216,12 +216,19 @@ def test_the_sensor_is_named_for_what_it_watches(tmp_path):
         ("delta:gs://bucket/a", ["pipelines.0.sources", "not gs://", "mount path"]),
         ("a topic", ["pipelines.0.sources", "neither a Kafka topic", "delta:/path/to/table"]),
         ("view:q", ["pipelines.0.sources", "names no view", "view:<pipeline>.<view>"]),
+        ("table:shop.orders;drop", ["pipelines.0.sources", "names no table", "table:<schema>.<name>"]),
+        ("table:", ["pipelines.0.sources", "names no table", "table:<schema>.<name>"]),
     ],
 )
 def test_a_bad_source_names_the_field_and_the_fix(tmp_path, source, named):
     with pytest.raises(ConfigError) as raised:
         parse_project(_delta_project(tmp_path, {"a": source}), "dbsp.yaml", base=str(tmp_path))
     assert all(part in str(raised.value) for part in named), str(raised.value)
+
+
+def test_a_table_named_in_the_catalog_is_a_delta_input(tmp_path):
+    spec = parse_project(_delta_project(tmp_path, {"a": "table:cat.shop.orders"}), "x", base=str(tmp_path)).pipelines[0]
+    assert spec.tables == {"a": "table:cat.shop.orders"} and spec.topics == {} and spec.sensor_name == "p_delta_versions"
 
 
 def _chained(tmp_path, up_sources: dict, down_source: str) -> dict:

@@ -5,6 +5,7 @@ step's last version.  A second pipeline that reads the first's view (``view:up.t
 is cut as the first commits, and equals Spark batch SQL over the first's view."""
 
 import shutil
+import uuid
 from collections import Counter
 
 import pytest
@@ -101,6 +102,52 @@ def tick_and_run(defs, sensor, job, instance) -> int:
     return len(result.run_requests or [])
 
 
+
+@pytest.mark.slow
+def test_a_table_named_in_the_spark_catalog_is_found_once_and_a_name_moved_elsewhere_is_refused(
+    spark_resource, spark, tmp_path
+):
+    schema = f"shop_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE SCHEMA {schema}")
+    create = (
+        f"CREATE TABLE {schema}.a (k INT, v INT) USING delta LOCATION '{{where}}' "
+        "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+    )
+    spark.sql(create.format(where=tmp_path / "a"))
+    (tmp_path / "views.sql").write_text(VIEWS)
+    quick = {"max_wait_seconds": 0, "sensor_running": False, "sql": "views.sql", "schemas": {"a": "k INT, v INT"}}
+    settings = {
+        "pipelines": [
+            {"name": "named", "sources": {"a": f"table:{schema}.a"}} | quick,
+            {"name": "nameless", "sources": {"a": f"table:{schema}.missing"}} | quick,
+        ],
+        "resources": {"store": {"root": str(tmp_path / "store")}, "spark": spark_resource},
+    }
+    project = parse_project(settings, "dbsp.yaml", base=str(tmp_path))
+    defs = build_definitions(project)
+    sensor, job = defs.resolve_sensor_def("named_delta_versions"), defs.resolve_job_def("named_step_job")
+    root = defs.resources["store"].pipeline_root("named")
+    with instance_for_test() as instance:
+        spark.sql(f"INSERT INTO {schema}.a VALUES (1, 1), (2, 2)")
+        spark.sql(f"UPDATE {schema}.a SET v = v + 10 WHERE k = 1")
+        assert tick_and_run(defs, sensor, job, instance) == 1
+        (division,) = DivisionLog(root).all()[0]
+        # The divisions name the table by where the catalog keeps it: one table whatever its name.
+        assert division == Range(f"delta:{tmp_path / 'a'}", 0, 0, 3), division
+        as_of = spark.read.format("delta").option("versionAsOf", 2).load(str(tmp_path / "a"))
+        want = Counter(tuple(r) for r in batch_views(spark, VIEWS, {"a": as_of})["totals"].collect())
+        got = integral(Pipeline(spark, root, project.pipelines[0].circuit_for(spark)).outputs.read("totals", 0, 0))
+        assert got == want == Counter({(1, 1, 11): 1, (2, 1, 2): 1})
+
+        skipped = tick(defs.resolve_sensor_def("nameless_delta_versions"), instance, defs.resources)
+        assert f"table {schema}.missing: not in the Spark session's catalog" in skipped.skip_message, skipped
+
+        # The name now names another table: a step run's inputs (asked again) refuse it, naming both places.
+        spark.sql(f"DROP TABLE {schema}.a")
+        spark.sql(create.format(where=tmp_path / "b"))
+        with pytest.raises(TableRewrittenError, match=f"the catalog names {tmp_path / 'b'}, but the pipeline"):
+            defs.resources["kafka"].source(project.pipelines[0], defs.resources["store"], defs.resources["spark"], True)
+
 DOWNSTREAM = "CREATE MATERIALIZED VIEW by_count AS SELECT n, count(*) AS keys, sum(total) AS total FROM t GROUP BY n;\n"
 
 
@@ -155,7 +202,7 @@ def test_a_pipeline_reading_anothers_view_is_cut_as_it_commits_and_equals_spark_
             assert got == want and got
         spark.sql(f"INSERT INTO delta.`{table}` VALUES (4, 4)")
         assert tick_and_run(defs, *up, instance) == 1
-        source = defs.resources["kafka"].source(project.pipelines[1], defs.resources["store"])
+        source = defs.resources["kafka"].source(project.pipelines[1], defs.resources["store"], defs.resources["spark"])
         assert "lag view totals of up: 1 upstream steps not yet in a step" in status_text(report(root, source))
         divisions = DivisionLog(root).all()
         assert [(r.source, r.start, r.end) for step in sorted(divisions) for r in divisions[step]] == [

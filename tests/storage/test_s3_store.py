@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import yaml
+from deltalake import DeltaTable
 
 from dagster_project.config import ConfigError
 from dagster_project.resources import StoreResource
@@ -117,9 +118,12 @@ def test_a_wrong_endpoint_a_missing_bucket_and_refused_credentials_each_name_the
 
 
 @pytest.mark.slow
-def test_the_demo_through_dagster_keeps_every_table_in_the_bucket_and_never_prints_the_keys(
+def test_the_demo_over_delta_tables_through_dagster_keeps_every_table_in_the_bucket_and_never_prints_the_keys(
     s3, tmp_path, spark_resource
 ):
+    """``dbsp demo --source delta`` with the store on the bucket: Spark merges each batch into
+    the input tables there, the sensor cuts their versions into steps, and every view equals
+    Spark batch SQL over the tables as of the last step's versions."""
     from ..dagster_project.test_cli import PROJECT, demo_config, minimal_env, stop_daemons
 
     config, bucket = demo_config(tmp_path, spark_resource, "lake"), s3.bucket()
@@ -132,19 +136,32 @@ def test_the_demo_through_dagster_keeps_every_table_in_the_bucket_and_never_prin
     }
     config.write_text(yaml.safe_dump(settings))
     env = minimal_env(tmp_path, PYTHONPATH=str(PROJECT), LAKE_KEY=ACCESS_KEY, LAKE_SECRET=SECRET_KEY)
-    command = [sys.executable, "-m", "dagster_project.cli", "--config", str(config), "demo", "--steps", "2"]
+    command = [sys.executable, "-m", "dagster_project.cli", "--config", str(config), "demo", "--source", "delta"]
     try:
         done = subprocess.run(
-            [*command, "--events-per-step", "200"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+            [*command, "--steps", "2", "--events-per-step", "300"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
     finally:
         stop_daemons(config, env)
     assert done.returncode == 0, done.stdout + done.stderr
+    steps = [line.split(", rows")[0] for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert steps == ["step 0: events 0..300", "step 1: events 300..600"], done.stdout
     for view in ("bids_by_category", "q3", "q4", "q15"):
         assert f"{view} equals Spark batch SQL: yes" in done.stdout, done.stdout
     kept = files_under(s3, f"s3://{bucket}/pipelines/lake")
     for table in ("_divisions/", "_checkpoints/", "state/", "outputs/q4/", "views/q4/", "_lease/"):
         assert any(k.startswith(f"pipelines/lake/{table}") for k in kept), table
+    # The second batch's MERGE updated and deleted earlier rows, not only inserted.
+    metrics = {
+        h: DeltaTable(uri, storage_options=s3.store().delta_options()).history(1)[0]["operationMetrics"]
+        for h, uri in ((h, f"s3://{bucket}/pipelines/lake_sources/{h}") for h in ("persons", "bids"))
+    }
+    assert int(metrics["persons"]["numTargetRowsUpdated"]) > 0 < int(metrics["bids"]["numTargetRowsDeleted"]), metrics
     assert not (tmp_path / "dbsp" / "pipelines").exists()
     logs = [p.read_text(errors="replace") for p in (tmp_path / "dbsp").rglob("*.log")]
     assert logs and not any(SECRET_KEY in text for text in [done.stdout, done.stderr, *logs])
