@@ -171,7 +171,7 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
         os.path.join(work, "shop_sums.sql" if args.no_extremes else "shop.sql"),
         {"orders": f"delta.`{table}`"},
     )
-    sdp_conf = {**DELTA_CONF, "spark.jars": ",".join(jars(SPARK))}
+    sdp_jars = jars(SPARK)
     next_id = args.rows
     for i in range(args.warmup + args.rounds):
         next_id = merge(spark, table, args.rows, args.fraction, next_id, salt=i + 1)
@@ -182,7 +182,7 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
         tiers_batch = timed(lambda: recompute(peer, table, tiers_alone, os.path.join(work, "batch")))
         sdp = {"wall": float("nan"), "run": float("nan")}
         if not args.no_sdp:
-            sdp = run_sdp(sys.executable, sdp_spec, os.path.join(work, f"sdp-{i}.log"), sdp_conf)
+            sdp = run_sdp(sys.executable, sdp_spec, os.path.join(work, f"sdp-{i}.log"), sdp_jars, DELTA_CONF)
         print(
             f"round {i}{' (warm-up)' if i < args.warmup else ''}: shop step {shop:.2f} s (its cut {shop_cut:.2f} s), "
             f"tiers step {tiers:.2f} s; "

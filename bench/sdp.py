@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import rounded
 from dagster_launch import PIPELINE, Served, project
 
-from circuits.daemon import free_port
+from circuits.daemon import free_port, listening
 from circuits.library.nexmark import SCHEMAS, nexmark_records
 from circuits.library.nexmark_queries import NEXMARK_SQL
 from circuits.zset import WEIGHT, parse_schema
@@ -61,6 +61,8 @@ from storage.logs import Range
 from storage.views import read_view
 
 FILE_EVENTS = 100_000  # events per Parquet file of the state, to bound the generator's memory
+SDP_PORT = 15002
+SDP_PORT = 15002
 SDP_LOG = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d): (Starting run|Run is COMPLETED)")
 
 
@@ -106,14 +108,19 @@ def sdp_project(directory: str, views: str, inputs: dict[str, str]) -> str:
     return spec
 
 
-def run_sdp(python: str, spec: str, log: str, conf: dict[str, str] | None = None) -> dict:
-    """One ``spark-pipelines run`` (with the Spark settings ``conf``): its wall seconds, and
-    those from "Starting run" to "Run is COMPLETED" in its log.  The hive catalog lets a
-    second run replace the tables (the default in-memory catalog fails with
-    LOCATION_ALREADY_EXISTS)."""
+def run_sdp(python: str, spec: str, log: str, jars: list[str] = (), conf: dict[str, str] | None = None) -> dict:
+    """One ``spark-pipelines run`` (with ``jars`` on its driver's class path and the Spark
+    settings ``conf``): its wall seconds, and those from "Starting run" to "Run is
+    COMPLETED" in its log.  The hive catalog lets a second run replace the tables (the
+    default in-memory catalog fails with LOCATION_ALREADY_EXISTS)."""
+    if listening(SDP_PORT):
+        # PySpark's client of the server SDP starts always dials localhost:15002.
+        raise RuntimeError(f"port {SDP_PORT} is taken: spark-pipelines would run on that server; stop it (dbsp stop)")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "SPARK_HOME")}
     env["PYSPARK_PYTHON"] = python
     command = [os.path.join(os.path.dirname(python), "spark-pipelines"), "run", "--spec", spec]
+    if jars:  # for the JVM its Python process starts for the session (--conf would reach only the first)
+        env["PYSPARK_SUBMIT_ARGS"] = f"--driver-class-path {':'.join(jars)} pyspark-shell"
     settings = {"spark.sql.catalogImplementation": "hive", **(conf or {})}
     command += [*(f for k, v in settings.items() for f in ("--conf", f"{k}={v}")), "--driver-memory", "4g"]
     started = time.perf_counter()
