@@ -147,16 +147,20 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
     pipelines = {spec.name: (spec, open_pipeline(spec, spark_resource, store)) for spec in project.pipelines}
 
     cuts: list[float] = []
+    phases: dict[str, dict[str, float]] = {}
 
     def step(name: str) -> None:
-        """One step as a step run takes it; the seconds of its cut (the sensor's) in ``cuts``."""
+        """One step as a step run takes it; the seconds of its cut (the sensor's) in ``cuts``,
+        of its phases in ``phases``."""
         spec, pipeline = pipelines[name]
+        before = dict(pipeline.timings)
         source = kafka.source(spec, store, spark_resource, verify=True)
         started = time.perf_counter()
         cut = cut_next(DivisionLog(store.pipeline_root(name)), source, DivisionPolicy(1_000_000, 0))
         cuts.append(time.perf_counter() - started)
         assert cut.step is not None, cut.reason
         pipeline.run_steps(source.read, cut.step, cut.step)
+        phases[name] = {k: v - before.get(k, 0.0) for k, v in pipeline.timings.items() if v > before.get(k, 0.0)}
 
     started = time.perf_counter()
     step("shop")
@@ -187,7 +191,8 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
             f"round {i}{' (warm-up)' if i < args.warmup else ''}: shop step {shop:.2f} s (its cut {shop_cut:.2f} s), "
             f"tiers step {tiers:.2f} s; "
             f"recompute shop {shop_batch:.2f} s, tiers alone {tiers_batch:.2f} s; "
-            f"SDP run {sdp['wall']:.2f} s (its run {sdp['run']:.2f} s)",
+            f"SDP run {sdp['wall']:.2f} s (its run {sdp['run']:.2f} s)\n"
+            f"  shop's phases: {', '.join(f'{k} {v:.2f} s' for k, v in phases['shop'].items())}",
             flush=True,
         )
         if i >= args.warmup:
