@@ -184,14 +184,15 @@ def run(spark: SparkSession, work: str, args: argparse.Namespace) -> None:
         shop_cut = cuts[-2]
         shop_batch = timed(lambda: recompute(peer, table, shop_views, os.path.join(work, "batch")))
         tiers_batch = timed(lambda: recompute(peer, table, tiers_alone, os.path.join(work, "batch")))
-        sdp = {"wall": float("nan"), "run": float("nan")}
+        sdp, sdp_line = {"wall": float("nan"), "run": float("nan")}, ""
         if not args.no_sdp:
             sdp = run_sdp(sys.executable, sdp_spec, os.path.join(work, f"sdp-{i}.log"), sdp_jars, DELTA_CONF)
+            sdp_line = f"; SDP run {sdp['wall']:.2f} s (its run {sdp['run']:.2f} s)"
         print(
             f"round {i}{' (warm-up)' if i < args.warmup else ''}: shop step {shop:.2f} s (its cut {shop_cut:.2f} s), "
             f"tiers step {tiers:.2f} s; "
-            f"recompute shop {shop_batch:.2f} s, tiers alone {tiers_batch:.2f} s; "
-            f"SDP run {sdp['wall']:.2f} s (its run {sdp['run']:.2f} s)\n"
+            f"recompute shop {shop_batch:.2f} s, tiers alone {tiers_batch:.2f} s"
+            f"{sdp_line}\n"
             f"  shop's phases: {', '.join(f'{k} {v:.2f} s' for k, v in phases['shop'].items())}",
             flush=True,
         )
