@@ -228,7 +228,9 @@ def test_a_bad_source_names_the_field_and_the_fix(tmp_path, source, named):
 
 def test_a_table_named_in_the_catalog_is_a_delta_input(tmp_path):
     spec = parse_project(_delta_project(tmp_path, {"a": "table:cat.shop.orders"}), "x", base=str(tmp_path)).pipelines[0]
-    assert spec.tables == {"a": "table:cat.shop.orders"} and spec.topics == {} and spec.sensor_name == "p_delta_versions"
+    assert (
+        spec.tables == {"a": "table:cat.shop.orders"} and spec.topics == {} and spec.sensor_name == "p_delta_versions"
+    )
 
 
 def _chained(tmp_path, up_sources: dict, down_source: str) -> dict:

@@ -102,7 +102,6 @@ def tick_and_run(defs, sensor, job, instance) -> int:
     return len(result.run_requests or [])
 
 
-
 @pytest.mark.slow
 def test_a_table_named_in_the_spark_catalog_is_found_once_and_a_name_moved_elsewhere_is_refused(
     spark_resource, spark, tmp_path
@@ -147,6 +146,7 @@ def test_a_table_named_in_the_spark_catalog_is_found_once_and_a_name_moved_elsew
         spark.sql(create.format(where=tmp_path / "b"))
         with pytest.raises(TableRewrittenError, match=f"the catalog names {tmp_path / 'b'}, but the pipeline"):
             defs.resources["kafka"].source(project.pipelines[0], defs.resources["store"], defs.resources["spark"], True)
+
 
 DOWNSTREAM = "CREATE MATERIALIZED VIEW by_count AS SELECT n, count(*) AS keys, sum(total) AS total FROM t GROUP BY n;\n"
 
