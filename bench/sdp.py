@@ -62,7 +62,6 @@ from storage.views import read_view
 
 FILE_EVENTS = 100_000  # events per Parquet file of the state, to bound the generator's memory
 SDP_PORT = 15002
-SDP_PORT = 15002
 SDP_LOG = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d): (Starting run|Run is COMPLETED)")
 
 

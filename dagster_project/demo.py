@@ -253,10 +253,9 @@ class DeltaFeed:
             for h in self.schemas
         }
 
-    def _table(self, handle: str, version: int | None = None) -> DataFrame:
-        reader = self.spark.read.format("delta")
-        reader = reader if version is None else reader.option("versionAsOf", version)
-        return reader.load(location.spark_path(table_path(self.spec.sources[handle])))
+    def _table(self, handle: str, version: int) -> DataFrame:
+        path = location.spark_path(table_path(self.spec.sources[handle]))
+        return self.spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
 def events_of(root: str, step: int) -> tuple[int, int]:

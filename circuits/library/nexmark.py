@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
+from ..sql.parse import ddl_columns
 from ..zset import from_rows
 
 PERSON_SCHEMA = "id bigint, name string, email string, city string, state string, date_time bigint"
@@ -23,7 +24,7 @@ AUCTION_SCHEMA = (
 )
 BID_SCHEMA = "auction bigint, bidder bigint, price bigint, channel string, date_time bigint"
 SCHEMAS = {"persons": PERSON_SCHEMA, "auctions": AUCTION_SCHEMA, "bids": BID_SCHEMA}
-COLUMNS = {name: [column.split()[0] for column in ddl.split(",")] for name, ddl in SCHEMAS.items()}
+COLUMNS = {name: ddl_columns(ddl) for name, ddl in SCHEMAS.items()}
 
 PROPORTION = 50  # events per cycle: 1 person, 3 auctions, 46 bids
 PERSONS_PER_CYCLE, AUCTIONS_PER_CYCLE = 1, 3

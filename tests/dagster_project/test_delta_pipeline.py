@@ -14,6 +14,7 @@ from pyspark.sql import types as T
 
 from circuits.sql import batch_views
 from dagster_project.config import parse_project
+from dagster_project.demo_producer import create_change_fed
 from dagster_project.factory import build_definitions
 from dagster_project.status import status_text
 from sensors.division import DivisionPolicy, cut_next
@@ -32,11 +33,7 @@ VIEWS = "CREATE MATERIALIZED VIEW totals AS SELECT k, count(*) AS n, sum(v) AS t
 def change_fed_table(spark, table: str) -> str:
     """An empty Delta table ``(k INT, v INT)`` with the change data feed on, at ``table``
     (a path or an ``s3://`` URI, reached as this process reaches its bucket)."""
-    location.reach_spark(spark, table)
-    spark.sql(
-        f"CREATE TABLE delta.`{location.spark_path(table)}` (k INT, v INT) USING delta "
-        "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
-    )
+    create_change_fed(spark, table, "k INT, v INT")
     return table
 
 
