@@ -95,13 +95,16 @@ def run(args: argparse.Namespace) -> None:
             pd = peer.createDataFrame(batch, "k int, o bigint, v int, _weight bigint")
             pd.write.parquet(os.path.join(data, f"step{step:04d}"))
             pipeline.submit(step, {"t": frame}, [Range("bench", 0, step, step + 1)])
+            before = dict(pipeline.timings)
             engine = timed(pipeline.run)
+            phases = {k: v - before.get(k, 0.0) for k, v in pipeline.timings.items() if v > before.get(k, 0.0)}
             batch_seconds = timed(lambda: refresh(peer, data, os.path.join(work, "refreshed")))
             rows.append((engine, batch_seconds))
             print(
                 f"  step {step}: {len(batch)} changed rows in {args.touched} partitions: {engine:.2f} s; "
                 f"Spark batch SQL of the views, written whole: {batch_seconds:.2f} s; {engine / batch_seconds:.3f}x"
             )
+            print(f"    the step's phases: {', '.join(f'{k} {v:.2f} s' for k, v in phases.items())}")
         ratios = sorted(e / b for e, b in rows)
         print(
             f"step / batch refresh, median of {len(rows)}: {ratios[len(ratios) // 2]:.3f}x "

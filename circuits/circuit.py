@@ -149,12 +149,13 @@ class Circuit:
         when given, receives every node's delta by node id."""
         flags = self._flags(step)
         consumers = Counter(i for node in self.nodes for i in node.inputs)
+        once = self._planned_once()
         deltas: dict[int, DataFrame] = {}
         while True:
             for node in self.nodes:
                 if node.id not in deltas and all(i in deltas for i in node.inputs):
                     inputs = [deltas[i] for i in node.inputs]
-                    delta = self._plan_node(step, node, inputs, flags, consumers[node.id], analyze)
+                    delta = self._plan_node(step, node, inputs, flags, consumers[node.id], once[node.id], analyze)
                     if delta is not None:
                         deltas[node.id] = delta
             if len(deltas) == len(self.nodes):
@@ -183,6 +184,27 @@ class Circuit:
                 empty[node.id] = node.operator.zero_preserving and all(empty[i] for i in node.inputs)
         return inputs_append_only, empty
 
+    def _planned_once(self) -> dict[int, bool]:
+        """Per node, whether its delta's plan goes into one plan only, not much deeper: the
+        write of an output no operator reads, or, through one operator that
+        :attr:`~circuits.operators.base.Operator.reads_once`, of such an output.  (A longer
+        chain would nest plans deeper than a Spark Connect client can send.)"""
+        outputs = Counter(self.outputs.values())
+        readers: dict[int, list[Node]] = {node.id: [] for node in self.nodes}
+        for node in self.nodes:
+            for i in node.inputs:
+                readers[i].append(node)
+
+        def written_only(i: int) -> bool:
+            return outputs[i] == 1 and not readers[i]
+
+        def through_one(i: int) -> bool:
+            if outputs[i] or len(readers[i]) != 1:
+                return False
+            return readers[i][0].operator.reads_once and written_only(readers[i][0].id)
+
+        return {node.id: written_only(node.id) or through_one(node.id) for node in self.nodes}
+
     def _plan_node(
         self,
         step: StepContext,
@@ -190,6 +212,7 @@ class Circuit:
         inputs: list[DataFrame],
         flags: tuple[dict[int, bool], dict[int, bool]],
         consumers: int,
+        once: bool,
         analyze: bool,
     ) -> DataFrame | None:
         """The delta of ``node`` over its inputs' deltas ``inputs``, or None: a lookup of the
@@ -221,10 +244,11 @@ class Circuit:
                 delta.isLocal()
                 step.schemas[node.id] = delta.schema
             # Spark plans are trees: a delta read by several operators, or produced by a
-            # stateful one (whose plan is large) and read by another (which may read its
-            # input in several terms), is shared so that later plans refer to it instead of
-            # copying its whole subtree.  An output no operator reads is only written: no copy.
-            if consumers > 1 or (node.operator.stateful and consumers):
+            # stateful one (whose plan is large) and read by another that may read its input
+            # in several terms, is shared so that later plans refer to it instead of copying
+            # its whole subtree.  A delta planned once anyway is not: sharing it would cost a
+            # round trip and plan it twice (alone, then as the leaf of its reader's plan).
+            if consumers > 1 or (node.operator.stateful and consumers and not once):
                 delta = ctx.share(delta)
             return delta
         except (AnalysisException, ExpressionError) as e:

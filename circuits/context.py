@@ -208,6 +208,7 @@ class NodeContext:
         *,
         null_safe: bool,
         within: DataFrame | None = None,
+        consolidated: bool = True,
     ) -> DataFrame:
         """The consolidated rows of trace ``suffix`` whose vnode and ``keys`` occur in ``probe``
         (which carries the routing columns: it is keyed); with ``within`` (rows of a vnode
@@ -218,7 +219,9 @@ class NodeContext:
         Only these rows are shuffled, unless the trace is small (see
         :meth:`~circuits.state.StateStore.is_small`) or the step :attr:`~StepContext.large`.
         ``null_safe`` makes null keys equal (grouping semantics); otherwise null keys match
-        nothing (join semantics).  The result carries the routing columns and sits on the
+        nothing (join semantics).  Without ``consolidated``, a row may come in several parts
+        whose weights sum to its own (as the trace's files hold it), for a caller that
+        consolidates them with other rows anyway: Spark then plans one grouping, not two.  The result carries the routing columns and sits on the
         owning workers.
 
         A lookup into a large trace may find no rows while its keys are collected (see
@@ -241,7 +244,8 @@ class NodeContext:
             trace = self.step.route(trace)
             wanted = self.step.build(wanted)
             condition = _matching(trace, wanted, keys, null_safe) & (trace[PART] == wanted["_p_part"])
-            return consolidate(in_groups(trace.join(wanted, condition, "left_semi"), within, keys), routed=True)
+            found = in_groups(trace.join(wanted, condition, "left_semi"), within, keys)
+            return consolidate(found, routed=True) if consolidated else found
         # The step's keys are the small side: broadcast them and filter the trace where it
         # is read, so only the matching rows (as many as the change touches) are shuffled
         # to their owners, never the whole trace.  Consolidating with the partition column
@@ -251,7 +255,8 @@ class NodeContext:
         if trace is None:
             return self.keyed_empty(template)
         matched = trace.join(F.broadcast(wanted), _matching(trace, wanted, keys, null_safe), "left_semi")
-        return consolidate(self.step.route(in_groups(matched, within, keys), scanned=True), routed=True)
+        found = self.step.route(in_groups(matched, within, keys), scanned=True)
+        return consolidate(found, routed=True) if consolidated else found
 
     def _large(
         self, table: str, wanted: DataFrame, keys: Sequence[str], null_safe: bool

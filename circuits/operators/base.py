@@ -30,6 +30,9 @@ class Operator(ABC):
     keeps_append_only: ClassVar[bool] = False
     """The output stream never retracts a row while no input stream does (see
     :attr:`circuits.context.NodeContext.append_only`)."""
+    reads_once: ClassVar[bool] = False
+    """A unary operator whose input delta appears once in its plan, one relation deep (a
+    projection, a filter): see :meth:`circuits.circuit.Circuit.plan`."""
     executor_errors: ClassVar[tuple[type[Exception], ...]] = ()
     """The project's errors (:class:`circuits.errors.DbspError`) this operator's code may
     raise on the executors: a step whose Spark job fails with one raises it (see

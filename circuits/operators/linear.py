@@ -36,6 +36,7 @@ class Filter(Operator):
     """``σ_p(Z)``: rows where ``p`` is true (SQL: null is false), weights kept.  Incremental: ``σ_p(ΔZ)``."""
 
     name = "filter"
+    reads_once = True
     keeps_append_only = True
     keeps_consolidation = True
 
@@ -55,6 +56,7 @@ class Select(Operator):
     Incremental: ``π_f(ΔZ)``."""
 
     name = "select"
+    reads_once = True
     keeps_append_only = True
 
     def __init__(self, columns: tuple[Column | str, ...]) -> None:
@@ -72,6 +74,7 @@ class FlatMap(Operator):
     ``keep`` columns; each copy keeps the row's weight.  Incremental: applied to ``ΔZ``."""
 
     name = "flat_map"
+    reads_once = True
     keeps_append_only = True
 
     def __init__(self, alias: str, array_expr: Column, keep: tuple[str, ...]) -> None:
@@ -107,6 +110,7 @@ class Negate(Operator):
     """``-Z``: weights negated.  Incremental: ``-ΔZ``."""
 
     name = "negate"
+    reads_once = True
     keeps_consolidation = True
 
     def evaluate(self, ctx: NodeContext, delta: DataFrame) -> DataFrame:

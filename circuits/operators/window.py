@@ -59,7 +59,8 @@ class WindowFunctions(Operator):
         return partitionwise(ctx, delta, self.partition, self._windowed)
 
     def _windowed(self, z: DataFrame, keys: list[str], columns: list[str]) -> DataFrame:
-        """The rows of ``z`` (keyed, sitting on their workers) with the functions' values."""
+        """The rows of ``z`` (keyed, sitting on their workers) with the functions' values,
+        a row of weight 1 per copy."""
         rows = consolidate(z, routed=True).where(weight() > 0)
         copies = rows.select("*", F.explode(F.array_repeat(F.lit(1), weight().cast("int"))).alias(_COPY))
         # The worker's partition first: the rows already sit there, so Spark needs no exchange.
@@ -67,5 +68,4 @@ class WindowFunctions(Operator):
         values = [
             F.expr(f"{call} OVER (PARTITION BY {over} {spec})").alias(name) for name, call, spec in self.functions
         ]
-        valued = copies.select(PART, *columns, *values, F.lit(1).cast("bigint").alias(WEIGHT))
-        return consolidate(valued, routed=True)
+        return copies.select(PART, *columns, *values, F.lit(1).cast("bigint").alias(WEIGHT))
