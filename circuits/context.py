@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from .sharding import PART, VNODE, exchange, part_of, with_vnode
 from .state import DEST, StateStore, pack, part_column
@@ -21,14 +22,18 @@ from .zset import consolidate, empty_like, nothing
 
 @dataclass
 class Asked:
-    """The keys a lookup into a large trace reads it by: a frame of them (shared, so that
-    computing them for the collection also serves the lookup's broadcast), and their values
-    per key column once collected (see :meth:`StepContext.collect_keys`)."""
+    """The keys a lookup into a large trace reads it by: a frame of them, and once collected
+    (see :meth:`StepContext.collect_keys`), their values per key column.  In a
+    :attr:`~StepContext.single` step, also the distinct keys with their vnodes, which the
+    lookup broadcasts from this process: the frame is then computed once, by the collection,
+    with no checkpoint (a round trip).  A larger step's keys may be many: their frame is
+    shared, so that computing them for the collection also serves the broadcast."""
 
     frame: DataFrame
     keys: tuple[str, ...]
     null_safe: bool
     values: dict[str, pa.Array] | None = None
+    rows: pa.Table | None = None
 
 
 @dataclass
@@ -114,11 +119,14 @@ class StepContext:
         job: the lookups of one circuit layer (nodes whose inputs were ready together) pay
         one round trip, not one each."""
         asked = [a for a in self.asked.values() if a.values is None]
-        frames = {str(i): a.frame.select(*_key_columns(len(a.keys))) for i, a in enumerate(asked)}
+        frames = {str(i): a.frame.select("_p_vnode", *_key_columns(len(a.keys))) for i, a in enumerate(asked)}
         collected = pack(frames).toArrow()
         for i, a in enumerate(asked):
-            rows = collected.filter(pc.equal(collected.column(DEST), i)).column(part_column(i)).combine_chunks()
-            values = {k: pc.unique(rows.field(j)) for j, k in enumerate(a.keys)}
+            rows = pa.Table.from_struct_array(
+                collected.filter(pc.equal(collected.column(DEST), i)).column(part_column(i)).combine_chunks()
+            )
+            a.rows = _distinct(rows) if self.single else None
+            values = {k: pc.unique(rows.column(f"_p_{j}")) for j, k in enumerate(a.keys)}
             a.values = values if a.null_safe else {k: v.drop_null() for k, v in values.items()}
 
     def release(self) -> None:
@@ -274,11 +282,15 @@ class NodeContext:
         self.looked_up[table] += 1
         asked = self.step.asked.get(lookup)
         if asked is None:
-            asked = self.step.asked[lookup] = Asked(self.step.share(wanted, False), tuple(keys), null_safe)
+            frame = wanted if self.step.single else self.step.share(wanted, False)
+            asked = self.step.asked[lookup] = Asked(frame, tuple(keys), null_safe)
         if asked.values is None:
             self.deferred = True
             return None, asked.frame
-        return store.scan_keys(table, asked.values), asked.frame
+        if asked.rows is None:
+            return store.scan_keys(table, asked.values), asked.frame
+        rows = self.step.spark.createDataFrame(asked.rows, from_arrow_schema(asked.rows.schema))
+        return store.scan_keys(table, asked.values), rows
 
     def keyed_empty(self, template: DataFrame) -> DataFrame:
         """A lookup result with no rows, routed like any other: frames that mix it with
@@ -288,6 +300,14 @@ class NodeContext:
         found = self.step.route(empty_like(template))
         self.step.found_nothing.append(found)
         return found
+
+
+def _distinct(rows: pa.Table) -> pa.Table:
+    """The distinct rows of ``rows``; all of them where Arrow cannot group their types."""
+    try:
+        return rows.group_by(rows.column_names, use_threads=False).aggregate([])
+    except pa.ArrowNotImplementedError:
+        return rows
 
 
 def in_groups(frame: DataFrame, groups: DataFrame | None, keys: Sequence[str]) -> DataFrame:

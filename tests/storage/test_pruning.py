@@ -186,12 +186,12 @@ def test_a_lookup_of_small_admitted_files_sends_spark_only_the_rows_holding_its_
     monkeypatch.setattr(database, "SMALL_TRACE_ROWS", 0)
     by_spark: list[str] = []
     read = _recorded_reads(monkeypatch, by_spark)
-    sent: list[int] = []
+    sent: list[tuple[int, bool]] = []  # rows of each Arrow table sent, and whether they are lookup keys
     create = spark.createDataFrame
 
     def created(data, *args, **kwargs):
         if isinstance(data, pa.Table):
-            sent.append(data.num_rows)
+            sent.append((data.num_rows, "_p_vnode" in data.column_names))
         return create(data, *args, **kwargs)
 
     root = str(tmp_path / "local")
@@ -207,9 +207,10 @@ def test_a_lookup_of_small_admitted_files_sends_spark_only_the_rows_holding_its_
         pipeline = _join_step(spark, root, step, left, right)
         monkeypatch.setattr(spark, "createDataFrame", create)
     # The left trace's admitting files are read by the process, Spark reads none of them
-    # and gets the two rows holding the keys, not the files' 100.
+    # and gets the two rows holding the keys, not the files' 100; the two keys it matches
+    # them with are sent from the process too.
     assert set(read) & set(bounds) and not set(by_spark) & set(bounds)
-    assert sent == [2]
+    assert sorted(sent) == [(2, False), (2, True)]
     joined = sorted((r["k"], r["a"], r["b"], r["_weight"]) for r in pipeline.read_outputs("joined", 0, 1).collect())
     assert joined == [(3, 0, 1, 1), (96, 0, 1, 1)]
 
