@@ -229,8 +229,8 @@ class NodeContext:
         ``null_safe`` makes null keys equal (grouping semantics); otherwise null keys match
         nothing (join semantics).  Without ``consolidated``, a row may come in several parts
         whose weights sum to its own (as the trace's files hold it), for a caller that
-        consolidates them with other rows anyway: Spark then plans one grouping, not two.  The result carries the routing columns and sits on the
-        owning workers.
+        consolidates them with other rows anyway: Spark then plans one grouping, not two.
+        The result carries the routing columns and sits on the owning workers.
 
         A lookup into a large trace may find no rows while its keys are collected (see
         :attr:`deferred`): an operator must not compute a lookup's ``probe`` from another
