@@ -10,6 +10,7 @@ from sqlglot import exp
 
 from .aggregates import ORDER_DEPENDENT, with_deterministic_aggregates
 from .grouped_windows import groups_columns, over_groups
+from .named_windows import inline_named_windows
 from .parse import DIALECT, parse_views, views_read
 from .windows import order_dependent
 
@@ -59,7 +60,7 @@ def tie_broken(query: str, columns: int) -> str:
     position, and each aggregate whose value depends on the order of the rows (``max_by``,
     ``collect_list``, ...) is the engine's (see :mod:`circuits.sql.aggregates`).  A query
     with none of them is returned as it is."""
-    tree = sqlglot.parse_one(query, read=DIALECT)
+    tree = inline_named_windows(sqlglot.parse_one(query, read=DIALECT))
     windows = [w for w in tree.find_all(exp.Window) if order_dependent(w)]
     aggregates = tree.find(*ORDER_DEPENDENT)
     if not windows and not aggregates and not (tree.args.get("limit") and tree.args.get("order")):

@@ -22,6 +22,7 @@ from .aggregates import RECOMPUTED
 from .errors import SqlError, construct, located
 from .grouped_windows import windows_over_groups
 from .grouping import expand_grouping_sets
+from .named_windows import inline_named_windows
 from .single_values import single_values
 
 DIALECT = "spark"
@@ -207,7 +208,7 @@ def _view(statement: str, line: int, file: str) -> View:
     starts = statement.count("\n", 0, statement.index(body)) + 1 if head else line
     query = query.transform(_other_name, copy=False)
     try:
-        query = expand_grouping_sets(windows_over_groups(single_values(query)))
+        query = expand_grouping_sets(windows_over_groups(single_values(inline_named_windows(query))))
     except SqlError as e:
         raise located(file, _line_of(statement, e.node, line), create.this.name, str(e)) from e
     view = View(create.this.name, query, kind.group(1).upper() == "MATERIALIZED", file, line, body, starts)
@@ -357,10 +358,8 @@ def _window_refusal(window: exp.Window) -> str | None:
     """Why ``window`` is neither a top-k nor a window column the engine maintains, or None."""
     text = construct(window)
     select = window.find_ancestor(exp.Select)
-    if window.arg_key == "windows":
-        return None  # a named window's definition: its uses are checked
     if window.args.get("alias"):
-        return f"the named window {text} (WINDOW w AS ...); write the window in OVER (...)"
+        return f"the window {text} names no window of the query's WINDOW clause; define it there"
     if is_top_k(window):
         return None
     if type(window_function(window)) not in WINDOW_FUNCTIONS:

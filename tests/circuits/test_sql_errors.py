@@ -23,7 +23,7 @@ def refusal(text: str) -> str:
     [
         ("SELECT k, collect_list(v) OVER (PARTITION BY k) AS l FROM a", "the window function COLLECT_LIST(v)"),
         ("SELECT k, first_value(v) OVER (PARTITION BY k ORDER BY v) AS f FROM a", "over a RANGE frame (the default)"),
-        ("SELECT k, sum(v) OVER w AS s FROM a WINDOW w AS (PARTITION BY k)", "the named window"),
+        ("SELECT k, sum(v) OVER w AS s FROM a", "names no window of the query's WINDOW clause"),
         ("SELECT k FROM a WHERE v IN (SELECT lag(x) OVER (ORDER BY x) FROM b)", "in an IN or EXISTS subquery"),
         ("SELECT k FROM a LIMIT 0", "LIMIT 0 (only LIMIT k with k a positive integer"),
         ("SELECT k FROM (SELECT k FROM a LIMIT 3) t", "LIMIT without ORDER BY"),
@@ -97,6 +97,32 @@ def test_a_column_beside_windows_neither_grouped_nor_aggregated_is_refused_at_it
     )
     assert message.startswith("views.sql:3, view 'bad': v beside window functions in a query with GROUP BY")
     assert "neither grouped nor inside an aggregate; group by it or aggregate it" in message
+
+
+def test_a_named_window_is_written_into_its_uses():
+    (view,) = parse_views(
+        "CREATE MATERIALIZED VIEW v AS SELECT k, sum(v) OVER w AS s, rank() OVER (w) AS r FROM a\n"
+        "WINDOW w AS (PARTITION BY k ORDER BY v ROWS BETWEEN 1 PRECEDING AND CURRENT ROW);"
+    )
+    windows = list(view.query.find_all(exp.Window))
+    assert [w.sql("spark") for w in windows] == [
+        "SUM(v) OVER (PARTITION BY k ORDER BY v ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)",
+        "RANK() OVER (PARTITION BY k ORDER BY v ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)",
+    ]
+    assert not view.query.args.get("windows")
+
+
+@pytest.mark.parametrize(
+    "query, reason",
+    [
+        ("SELECT k, sum(v) OVER w AS s FROM a WINDOW w AS (PARTITION BY k), w AS ()", "is defined twice"),
+        ("SELECT k, rank() OVER (w ORDER BY v) AS r FROM a WINDOW w AS (PARTITION BY k)", "adds to the named window"),
+    ],
+)
+def test_a_named_window_spark_would_not_take_is_refused_at_its_line(query, reason):
+    message = refusal(f"CREATE MATERIALIZED VIEW ok AS SELECT k FROM a;\n\nCREATE MATERIALIZED VIEW bad AS\n  {query};")
+    assert message.startswith("views.sql:4, view 'bad': ")
+    assert reason in message
 
 
 def test_a_refusal_names_its_construct_whole():

@@ -18,19 +18,21 @@ from . import harness
 VIEWS = """
 CREATE MATERIALIZED VIEW running AS
   SELECT k, v, s,
-         sum(v) OVER (PARTITION BY k ORDER BY v) AS run,
+         sum(v) OVER by_v AS run,
          count(*) OVER (PARTITION BY k) AS n,
          avg(v) OVER (PARTITION BY k ORDER BY v, s ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING) AS moving,
          v + 1 AS w
-  FROM a;
+  FROM a
+  WINDOW by_v AS (PARTITION BY k ORDER BY v);
 CREATE MATERIALIZED VIEW offsets AS
   SELECT k, v, s,
-         v - lag(v) OVER (PARTITION BY k ORDER BY s) AS rise,
-         lead(v, 2, -1) OVER (PARTITION BY k ORDER BY s) AS after_next,
+         v - lag(v) OVER by_s AS rise,
+         lead(v, 2, -1) OVER (by_s) AS after_next,
          first_value(s) OVER (PARTITION BY k ORDER BY v ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS lowest,
          last_value(v) IGNORE NULLS OVER (PARTITION BY k ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS seen,
          nth_value(v, 2) OVER (PARTITION BY k ORDER BY v DESC ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS second
-  FROM a;
+  FROM a
+  WINDOW by_s AS (PARTITION BY k ORDER BY s), unused AS ();
 CREATE MATERIALIZED VIEW ranks AS
   SELECT k, x, d,
          row_number() OVER (PARTITION BY k ORDER BY x DESC) AS rn,
