@@ -119,14 +119,14 @@ class StepContext:
         job: the lookups of one circuit layer (nodes whose inputs were ready together) pay
         one round trip, not one each."""
         asked = [a for a in self.asked.values() if a.values is None]
-        frames = {str(i): a.frame.select("_p_vnode", *_key_columns(len(a.keys))) for i, a in enumerate(asked)}
+        frames = {str(i): a.frame.select(_PROBE_VNODE, *_key_columns(len(a.keys))) for i, a in enumerate(asked)}
         collected = pack(frames).toArrow()
         for i, a in enumerate(asked):
             rows = pa.Table.from_struct_array(
                 collected.filter(pc.equal(collected.column(DEST), i)).column(part_column(i)).combine_chunks()
             )
             a.rows = _distinct(rows) if self.single else None
-            values = {k: pc.unique(rows.column(f"_p_{j}")) for j, k in enumerate(a.keys)}
+            values = {k: pc.unique(rows.column(c)) for k, c in zip(a.keys, _key_columns(len(a.keys)), strict=True)}
             a.values = values if a.null_safe else {k: v.drop_null() for k, v in values.items()}
 
     def release(self) -> None:
@@ -240,7 +240,7 @@ class NodeContext:
         store.looked_up_by(table, keys)
         wanted = probe.select(
             F.col(PART).alias("_p_part"),
-            F.col(VNODE).alias("_p_vnode"),
+            F.col(VNODE).alias(_PROBE_VNODE),
             *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)],
         )
         if store.is_small(table) or self.step.large:
@@ -288,9 +288,10 @@ class NodeContext:
             self.deferred = True
             return None, asked.frame
         if asked.rows is None:
-            return store.scan_keys(table, asked.values), asked.frame
-        rows = self.step.spark.createDataFrame(asked.rows, from_arrow_schema(asked.rows.schema))
-        return store.scan_keys(table, asked.values), rows
+            broadcast = asked.frame
+        else:
+            broadcast = self.step.spark.createDataFrame(asked.rows, from_arrow_schema(asked.rows.schema))
+        return store.scan_keys(table, asked.values), broadcast
 
     def keyed_empty(self, template: DataFrame) -> DataFrame:
         """A lookup result with no rows, routed like any other: frames that mix it with
@@ -321,6 +322,10 @@ def in_groups(frame: DataFrame, groups: DataFrame | None, keys: Sequence[str]) -
     return frame.join(wanted, condition, "left_semi")
 
 
+_PROBE_VNODE = "_p_vnode"
+"""The vnode column of a lookup's probe (see :meth:`NodeContext.lookup`)."""
+
+
 def _key_columns(count: int) -> list[str]:
     """The key columns of a lookup's probe (see :meth:`NodeContext.lookup`)."""
     return [f"_p_{i}" for i in range(count)]
@@ -328,7 +333,7 @@ def _key_columns(count: int) -> list[str]:
 
 def _matching(trace: DataFrame, wanted: DataFrame, keys: Sequence[str], null_safe: bool) -> Column:
     """Whether a ``trace`` row has the vnode and ``keys`` of a ``wanted`` row."""
-    condition = trace[VNODE] == wanted["_p_vnode"]
+    condition = trace[VNODE] == wanted[_PROBE_VNODE]
     for i, k in enumerate(keys):
         condition = condition & _equal(trace[k], wanted[f"_p_{i}"], null_safe)
     return condition

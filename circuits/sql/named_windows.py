@@ -51,7 +51,7 @@ def _resolve(window: exp.Window, definitions: dict[str, exp.Window]) -> None:
             "allow; write the whole window in OVER (...)",
             window,
         )
+    copied = definition.copy()
     for key in _SPEC:
-        part = definition.args.get(key)
-        window.set(key, [p.copy() for p in part] if isinstance(part, list) else part.copy() if part else None)
+        window.set(key, copied.args.get(key))
     window.set("alias", None)
