@@ -139,15 +139,19 @@ class Served:
             if new and new[0].dagster_run.status == DagsterRunStatus.SUCCESS:
                 record = new[0]
                 queued = record.start_time - record.create_timestamp.timestamp()
-                return {"queue": queued, "run": record.end_time - record.start_time, "engine": self._engine(record)}
+                phases = self._phases(record)
+                run = record.end_time - record.start_time
+                return {"queue": queued, "run": run, "engine": sum(phases.values()), "phases": phases}
             time.sleep(0.2)
         raise RuntimeError(f"no run of {job} succeeded within {TIMEOUT:g} s; see {self.log.name}")
 
-    def _engine(self, record) -> float:
-        """The step's own seconds, from the run's first materialization's ``seconds/*``."""
+    def _phases(self, record) -> dict[str, float]:
+        """The step's own seconds by phase, from the run's first materialization's ``seconds/*``."""
         entry = self.instance.all_logs(record.dagster_run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)[0]
         metadata = entry.asset_materialization.metadata
-        return sum(value.value for key, value in metadata.items() if key.startswith("seconds/"))
+        return {
+            key.removeprefix("seconds/"): value.value for key, value in metadata.items() if key.startswith("seconds/")
+        }
 
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGINT)

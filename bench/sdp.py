@@ -194,6 +194,8 @@ def main() -> None:
     print(f"{args.state:,} events of state, +{args.events:,} per run, {args.runs} rounds after {args.warmup} warm-up")
     print(f"  ours, launch to success     {spread(launch)}")
     print(f"  ours, the run alone         {spread([s['run'] for s in ours])}")
+    for phase in ours[0]["phases"]:
+        print(f"    the step's {phase:18s}{spread([s['phases'].get(phase, 0.0) for s in ours])}")
     print(f"  SDP, spark-pipelines run    {spread([r['wall'] for r in sdp])}")
     print(f"  SDP, Starting run..COMPLETED {spread([r['run'] for r in sdp])}")
     ratios = [o / r["wall"] for o, r in zip(launch, sdp)]

@@ -153,19 +153,22 @@ class Server:
             base = f"{base}/{app}/{path}"
         return json.load(urllib.request.urlopen(base, timeout=120))
 
-    def jobs_since(self, job: int) -> tuple[int, int, int, int]:
+    def jobs_since(self, job: int, names: bool = False) -> tuple[int, int, int, int]:
         """(last job id, jobs, stages, bytes read) of the jobs after ``job``, once the
         listener has seen them end; -1s when the UI does not answer (a server busy
-        collecting garbage after a large load did not, within 30 s)."""
+        collecting garbage after a large load did not, within 30 s).  ``names``: print
+        how many of them each call site ran, and their seconds."""
         time.sleep(1.0)  # the UI's listener is asynchronous
         try:
-            return self._jobs_since(job)
+            return self._jobs_since(job, names)
         except OSError as e:
             print(f"the Spark UI did not answer: {e}", flush=True)
             return job, -1, -1, -1
 
-    def _jobs_since(self, job: int) -> tuple[int, int, int, int]:
+    def _jobs_since(self, job: int, names: bool) -> tuple[int, int, int, int]:
         jobs = [j for j in self.rest("jobs") if j["jobId"] > job]
+        if names:
+            _print_jobs(jobs)
         stages = {s for j in jobs for s in j["stageIds"]}
         read = sum(s["inputBytes"] for s in self.rest("stages") if s["stageId"] in stages)
         return max([job] + [j["jobId"] for j in jobs]), len(jobs), len(stages), read
@@ -381,10 +384,12 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
             OPENS.clear()
             before = commits(root)
             state = progress.event
-            with round_trips(spark) as calls, server.sampled():
+            with round_trips(spark, sys.stderr if os.environ.get("LEAN_TRACE") else None) as calls, server.sampled():
                 wall = timed(lambda count=delta: advance(count))
-            job, jobs, stages, read = server.jobs_since(job)
+            job, jobs, stages, read = server.jobs_since(job, args.job_names)
             add(peer, added, state, delta)
+            recomputed = recompute(peer, base, added)
+            job = server.jobs_since(job)[0]  # the recompute's jobs are not the next step's
             rows.append(
                 {
                     "state": state,
@@ -393,7 +398,7 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
                     "pruned": PRUNING["on"],
                     "local": database.LOCAL_LOOKUP_BYTES > 0,
                     "step_s": wall,
-                    "recompute_s": recompute(peer, base, added),
+                    "recompute_s": recomputed,
                     "jobs": jobs,
                     "stages": stages,
                     "read_mb": read / 1e6,
@@ -417,6 +422,21 @@ def measure(spark: SparkSession, server: Server, args: argparse.Namespace, event
         got = integrated_output(spark, root, view, progress.step - 1)
         print(f"{view}: integrated output equals the recompute: {rounded(got) == rounded(expected)}")
     return rows
+
+
+def _print_jobs(jobs: list[dict]) -> None:
+    """The step's Spark jobs by name (the UI's call site), with their count and seconds."""
+    by: dict[str, list[float]] = {}
+    for j in jobs:
+        if "completionTime" in j:
+            took = _ui_time(j["completionTime"]) - _ui_time(j["submissionTime"])
+            by.setdefault(j["name"][:100], []).append(took)
+    for name, took in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+        print(f"    {len(took):3d} jobs {sum(took):6.2f} s  {name}")
+
+
+def _ui_time(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + int(stamp[20:23]) / 1000
 
 
 def print_row(r: dict) -> None:
@@ -472,6 +492,7 @@ def main() -> None:
         help="every other step, Spark reads what a lookup reads by the process (LOCAL_LOOKUP_BYTES 0)",
     )
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--job-names", action="store_true", help="print each step's Spark jobs by name")
     parser.add_argument("--root", default=None, help="where the pipelines live (default: a temporary directory)")
     parser.add_argument(
         "--keep", action="store_true", help="measure the state an earlier run left under --root (no load)"
