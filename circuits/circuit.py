@@ -13,6 +13,7 @@ import inspect
 import json
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from .sharding import PART, VNODE
 from .state import InMemoryStateStore
 from .vnodes import DEFAULT_VNODES, Layout
 from .zset import WEIGHT, consolidate, empty, nothing, parse_schema
+
+PLANNERS = 4
+"""Nodes planned at once: each mostly waits on the Spark server."""
 
 _RESERVED = (WEIGHT, VNODE, PART)
 _ENGINE_DIRS = {Path(__file__).parent, Path(__file__).parent / "operators"}
@@ -151,22 +155,47 @@ class Circuit:
         consumers = Counter(i for node in self.nodes for i in node.inputs)
         once = self._planned_once()
         deltas: dict[int, DataFrame] = {}
-        while True:
-            for node in self.nodes:
-                if node.id not in deltas and all(i in deltas for i in node.inputs):
-                    inputs = [deltas[i] for i in node.inputs]
-                    delta = self._plan_node(step, node, inputs, flags, consumers[node.id], once[node.id], analyze)
-                    if delta is not None:
-                        deltas[node.id] = delta
-            if len(deltas) == len(self.nodes):
-                break
-            step.collect_keys()
+
+        def planned(node: Node) -> tuple[Node, DataFrame | None]:
+            inputs = [deltas[i] for i in node.inputs]
+            return node, self._plan_node(step, node, inputs, flags, consumers[node.id], once[node.id], analyze)
+
+        with ThreadPoolExecutor(PLANNERS, thread_name_prefix="dbsp-plan") as pool:
+            while True:
+                self._plan_layer(pool, planned, deltas)
+                if len(deltas) == len(self.nodes):
+                    break
+                step.collect_keys()
         if nodes is not None:
             nodes.update(deltas)
         return {
             name: deltas[node] if self._consolidated(node) else consolidate(deltas[node])
             for name, node in self.outputs.items()
         }
+
+    def _plan_layer(self, pool: ThreadPoolExecutor, planned, deltas: dict[int, DataFrame]) -> None:
+        """Plans every node it can until only nodes waiting for collected keys are left,
+        each as soon as its inputs are planned, several at once: a node's planning waits
+        on the server (a shared frame's round trip plans it and runs its exchanges), and
+        independent branches of the circuit overlap their waits."""
+        tried: set[int] = set()
+        running: set = set()
+
+        def submit_ready() -> None:
+            for node in self.nodes:
+                if node.id not in deltas and node.id not in tried and all(i in deltas for i in node.inputs):
+                    tried.add(node.id)
+                    running.add(pool.submit(planned, node))
+
+        submit_ready()
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            running.difference_update(done)
+            for future in done:
+                node, delta = future.result()
+                if delta is not None:
+                    deltas[node.id] = delta
+            submit_ready()
 
     def _flags(self, step: StepContext) -> tuple[dict[int, bool], dict[int, bool]]:
         """Per node, whether every input stream of it has only ever inserted rows, and

@@ -309,16 +309,20 @@ def round_trips(spark: SparkSession, trace: TextIO | None = None, seconds: Count
     stub = spark.client._stub
     originals = {name: getattr(stub, name) for name in ("ExecutePlan", "AnalyzePlan", "Config")}
 
+    counting = threading.Lock()  # a step plans several nodes at once
+
     def counted(name: str, method):
         def call(*args, **kwargs):
-            calls[name] += 1
+            with counting:
+                calls[name] += 1
             if trace is None and seconds is None:
                 return method(*args, **kwargs)
             started = time.perf_counter()
             answer = method(*args, **kwargs)
             answer = list(answer) if name == "ExecutePlan" else answer
             if seconds is not None:
-                seconds[name] += time.perf_counter() - started
+                with counting:
+                    seconds[name] += time.perf_counter() - started
             if trace is None:
                 return answer
             sites = [
@@ -328,7 +332,7 @@ def round_trips(spark: SparkSession, trace: TextIO | None = None, seconds: Count
             ]
             print(
                 f"{name} +{started - opened:.3f} {time.perf_counter() - started:.3f} {threading.current_thread().name}"
-                f" {' < '.join(reversed(sites[-2:]))}",
+                f" {' < '.join(reversed(sites[-3:]))}",
                 file=trace,
             )
             return answer

@@ -16,6 +16,7 @@ import bisect
 import dataclasses
 import json
 import os
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -137,6 +138,7 @@ class DeltaStateStore(StateStore):
         self._opened: dict[str, tuple[int, DeltaTable]] = {}
         self._identities: dict[str, tuple | None] = {}  # each restored table as created (delta.table_identity)
         self._meta: dict[str, str] = {}
+        self._ordering = threading.Lock()
         self.written_outputs: dict[str, WrittenFiles] = {}
         self._pending: dict[str, WrittenFiles] = {}
         self._rewrites: dict[str, list[str]] = {}
@@ -288,9 +290,10 @@ class DeltaStateStore(StateStore):
     def looked_up_by(self, table: str, keys: Sequence[str]) -> None:
         """The first keys a trace is looked up by order its large writes (see :data:`CLUSTER_ROWS`),
         and are recorded with the next checkpoint (see :data:`LOOKUP_KEYS`)."""
-        if table not in self._orders:
-            self._orders[table] = tuple(keys)
-            self._meta[LOOKUP_KEYS] = json.dumps(self._orders, sort_keys=True)
+        with self._ordering:  # nodes are planned several at once
+            if table not in self._orders:
+                self._orders[table] = tuple(keys)
+                self._meta[LOOKUP_KEYS] = json.dumps(self._orders, sort_keys=True)
 
     def scan_keys(self, table: str, keys: Mapping[str, pa.Array]) -> DataFrame | None:
         """The trace's files whose statistics admit the keys (see :func:`may_hold`); when they

@@ -1,8 +1,11 @@
 """Which stateful nodes' deltas a step shares (a local checkpoint, a round trip each) and
 which it leaves to the one plan that reads them: pure circuit structure, no Spark."""
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 from circuits import agg
-from circuits.circuit import Circuit
+from circuits.circuit import PLANNERS, Circuit
 
 RUNNING = ("run", "sum(v)", "ORDER BY o")
 
@@ -47,3 +50,25 @@ def test_a_stateful_delta_copied_into_several_plans_or_deeper_is_shared():
     circuit, windowed = _window()  # a projection read by another operator
     windowed.select("k", "run").group_by("k").agg(total=agg.sum("run")).output("view")
     assert not _once(circuit, windowed)
+
+
+def test_independent_nodes_are_planned_at_once_and_a_waiting_node_holds_its_readers():
+    circuit = Circuit("layers")
+    t = circuit.input("t", "k int, v int")
+    left, right = t.filter("v > 0"), t.filter("v < 0")
+    left.output("l")
+    right.select("k").output("r")
+    both_running = threading.Barrier(2, timeout=10)
+    asked = []
+
+    def planned(node):
+        asked.append(node.id)
+        if node.id in (left.node, right.node):
+            both_running.wait()  # one planned after the other would break the barrier
+        return node, None if node.id == right.node else f"delta of {node.id}"  # right waits for keys
+
+    deltas = {}
+    with ThreadPoolExecutor(PLANNERS) as pool:
+        circuit._plan_layer(pool, planned, deltas)
+    assert deltas == {t.node: f"delta of {t.node}", left.node: f"delta of {left.node}"}
+    assert sorted(asked) == sorted([t.node, left.node, right.node])  # not right's reader
