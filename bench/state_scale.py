@@ -430,7 +430,7 @@ def _print_jobs(jobs: list[dict]) -> None:
     for j in jobs:
         if "completionTime" in j:
             took = _ui_time(j["completionTime"]) - _ui_time(j["submissionTime"])
-            by.setdefault(j["name"][:100], []).append(took)
+            by.setdefault(" ".join(j["name"].split())[:100], []).append(took)
     for name, took in sorted(by.items(), key=lambda kv: -sum(kv[1])):
         print(f"    {len(took):3d} jobs {sum(took):6.2f} s  {name}")
 
