@@ -13,7 +13,7 @@ import inspect
 import json
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,12 +26,28 @@ from . import operators as ops
 from .context import NodeContext, StepContext
 from .errors import CircuitDefinitionError, ExpressionError
 from .sharding import PART, VNODE
+from .spark import is_remote
 from .state import InMemoryStateStore
 from .vnodes import DEFAULT_VNODES, Layout
 from .zset import WEIGHT, consolidate, empty, nothing, parse_schema
 
 PLANNERS = 4
 """Nodes planned at once: each mostly waits on the Spark server."""
+_PLANNER_POOL = ThreadPoolExecutor(PLANNERS, thread_name_prefix="dbsp-plan")
+"""One pool for the process's steps over Spark Connect (a planning task never waits on another)."""
+
+
+class _InOrder(Executor):
+    """Runs each task as it is submitted, in the caller's thread."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        done: Future = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # handed to the caller by Future.result, as a pool does
+            done.set_exception(e)
+        return done
+
 
 _RESERVED = (WEIGHT, VNODE, PART)
 _ENGINE_DIRS = {Path(__file__).parent, Path(__file__).parent / "operators"}
@@ -160,12 +176,13 @@ class Circuit:
             inputs = [deltas[i] for i in node.inputs]
             return node, self._plan_node(step, node, inputs, flags, consumers[node.id], once[node.id], analyze)
 
-        with ThreadPoolExecutor(PLANNERS, thread_name_prefix="dbsp-plan") as pool:
-            while True:
-                self._plan_layer(pool, planned, deltas)
-                if len(deltas) == len(self.nodes):
-                    break
-                step.collect_keys()
+        # A classic session's planning calls are in-process: they have no waits to overlap.
+        pool = _PLANNER_POOL if is_remote(step.spark) else _InOrder()
+        while True:
+            self._plan_layer(pool, planned, deltas)
+            if len(deltas) == len(self.nodes):
+                break
+            step.collect_keys()
         if nodes is not None:
             nodes.update(deltas)
         return {
@@ -173,7 +190,7 @@ class Circuit:
             for name, node in self.outputs.items()
         }
 
-    def _plan_layer(self, pool: ThreadPoolExecutor, planned, deltas: dict[int, DataFrame]) -> None:
+    def _plan_layer(self, pool: Executor, planned, deltas: dict[int, DataFrame]) -> None:
         """Plans every node it can until only nodes waiting for collected keys are left,
         each as soon as its inputs are planned, several at once: a node's planning waits
         on the server (a shared frame's round trip plans it and runs its exchanges), and

@@ -392,6 +392,6 @@ def map_in_arrow(df: DataFrame, func: Callable, schema: T.StructType, columns: S
     return mapped
 
 
-def is_remote(df: DataFrame) -> bool:
-    """Whether ``df`` is a Spark Connect frame."""
+def is_remote(df: DataFrame | SparkSession) -> bool:
+    """Whether ``df`` is a Spark Connect frame (or session)."""
     return type(df).__module__.startswith("pyspark.sql.connect")

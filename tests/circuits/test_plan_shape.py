@@ -5,7 +5,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from circuits import agg
-from circuits.circuit import PLANNERS, Circuit
+from circuits.circuit import PLANNERS, Circuit, _InOrder
 
 RUNNING = ("run", "sum(v)", "ORDER BY o")
 
@@ -72,3 +72,15 @@ def test_independent_nodes_are_planned_at_once_and_a_waiting_node_holds_its_read
         circuit._plan_layer(pool, planned, deltas)
     assert deltas == {t.node: f"delta of {t.node}", left.node: f"delta of {left.node}"}
     assert sorted(asked) == sorted([t.node, left.node, right.node])  # not right's reader
+
+
+def test_a_classic_session_plans_in_order_with_the_same_waits():
+    circuit = Circuit("layers")
+    t = circuit.input("t", "k int, v int")
+    waiting = t.filter("v < 0")
+    waiting.select("k").output("r")
+    ready = t.filter("v > 0")
+    ready.output("l")
+    deltas = {}
+    circuit._plan_layer(_InOrder(), lambda node: (node, None if node.id == waiting.node else node.id), deltas)
+    assert sorted(deltas) == sorted([t.node, ready.node])  # not the waiting node's reader
