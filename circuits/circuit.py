@@ -192,27 +192,26 @@ class Circuit:
 
     def _plan_layer(self, pool: Executor, planned, deltas: dict[int, DataFrame]) -> None:
         """Plans every node it can until only nodes waiting for collected keys are left,
-        each as soon as its inputs are planned, several at once: a node's planning waits
-        on the server (a shared frame's round trip plans it and runs its exchanges), and
-        independent branches of the circuit overlap their waits."""
-        tried: set[int] = set()
-        running: set = set()
+        each as soon as its inputs are planned, several at once where ``pool`` runs tasks
+        at once: a node's planning waits on the server (a shared frame's round trip plans
+        it and runs its exchanges), and independent branches of the circuit overlap their
+        waits."""
+        readers = self._readers()
 
-        def submit_ready() -> None:
-            for node in self.nodes:
-                if node.id not in deltas and node.id not in tried and all(i in deltas for i in node.inputs):
-                    tried.add(node.id)
-                    running.add(pool.submit(planned, node))
+        def ready(node: Node) -> bool:
+            return node.id not in deltas and all(i in deltas for i in node.inputs)
 
-        submit_ready()
+        running = {pool.submit(planned, node) for node in self.nodes if ready(node)}
         while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            running.difference_update(done)
+            done, running = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 node, delta = future.result()
-                if delta is not None:
-                    deltas[node.id] = delta
-            submit_ready()
+                if delta is None:  # it waits for keys: so do its readers
+                    continue
+                deltas[node.id] = delta
+                # A node reading this one twice (a self-join) is one task.
+                now = {r.id: r for r in readers[node.id] if ready(r)}
+                running |= {pool.submit(planned, r) for r in now.values()}
 
     def _flags(self, step: StepContext) -> tuple[dict[int, bool], dict[int, bool]]:
         """Per node, whether every input stream of it has only ever inserted rows, and
@@ -230,16 +229,21 @@ class Circuit:
                 empty[node.id] = node.operator.zero_preserving and all(empty[i] for i in node.inputs)
         return inputs_append_only, empty
 
+    def _readers(self) -> dict[int, list[Node]]:
+        """Per node, the nodes that read its delta, once per input they read it as."""
+        readers: dict[int, list[Node]] = {node.id: [] for node in self.nodes}
+        for node in self.nodes:
+            for i in node.inputs:
+                readers[i].append(node)
+        return readers
+
     def _planned_once(self) -> dict[int, bool]:
         """Per node, whether its delta's plan goes into one plan only, not much deeper: the
         write of an output no operator reads, or, through one operator that
         :attr:`~circuits.operators.base.Operator.reads_once`, of such an output.  (A longer
         chain would nest plans deeper than a Spark Connect client can send.)"""
         outputs = Counter(self.outputs.values())
-        readers: dict[int, list[Node]] = {node.id: [] for node in self.nodes}
-        for node in self.nodes:
-            for i in node.inputs:
-                readers[i].append(node)
+        readers = self._readers()
 
         def written_only(i: int) -> bool:
             return outputs[i] == 1 and not readers[i]

@@ -241,7 +241,7 @@ class NodeContext:
         wanted = probe.select(
             F.col(PART).alias("_p_part"),
             F.col(VNODE).alias(_PROBE_VNODE),
-            *[F.col(k).alias(f"_p_{i}") for i, k in enumerate(keys)],
+            *[F.col(k).alias(c) for k, c in zip(keys, _key_columns(len(keys)), strict=True)],
         )
         if store.is_small(table) or self.step.large:
             trace = store.scan(table)
@@ -334,8 +334,8 @@ def _key_columns(count: int) -> list[str]:
 def _matching(trace: DataFrame, wanted: DataFrame, keys: Sequence[str], null_safe: bool) -> Column:
     """Whether a ``trace`` row has the vnode and ``keys`` of a ``wanted`` row."""
     condition = trace[VNODE] == wanted[_PROBE_VNODE]
-    for i, k in enumerate(keys):
-        condition = condition & _equal(trace[k], wanted[f"_p_{i}"], null_safe)
+    for k, c in zip(keys, _key_columns(len(keys)), strict=True):
+        condition = condition & _equal(trace[k], wanted[c], null_safe)
     return condition
 
 
