@@ -63,3 +63,22 @@ def s3():
 
     with s3_server() as server:
         yield server
+
+
+_hung: list[str] = []  # a test of this process that pytest-timeout stopped
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.excinfo is not None and "from pytest-timeout" in str(call.excinfo.value):
+        _hung.append(item.nodeid)
+    return report
+
+
+def pytest_runtest_setup(item):
+    """After a test hung (``timeout`` in pyproject.toml; its report holds every thread's stack),
+    the threads it left stuck would hold up the tests after it in this process: they are
+    skipped, naming it, and the run fails by it."""
+    if _hung:
+        pytest.skip(f"{_hung[0]} hung in this test process")
