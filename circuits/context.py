@@ -111,7 +111,8 @@ class StepContext:
 
     def unstage(self, label: str) -> None:
         """Forgets what node ``label`` staged: it is planned again."""
-        for table in [t for t in self.staged if t.startswith(f"{label}.")]:
+        # A copy of the keys first: other nodes' planner threads may stage meanwhile.
+        for table in [t for t in list(self.staged) if t.startswith(f"{label}.")]:
             del self.staged[table]
 
     def collect_keys(self) -> None:

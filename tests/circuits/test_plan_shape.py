@@ -1,11 +1,13 @@
 """Which stateful nodes' deltas a step shares (a local checkpoint, a round trip each) and
 which it leaves to the one plan that reads them: pure circuit structure, no Spark."""
 
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from circuits import agg
 from circuits.circuit import PLANNERS, Circuit, _InOrder
+from circuits.context import StepContext
 
 RUNNING = ("run", "sum(v)", "ORDER BY o")
 
@@ -84,3 +86,29 @@ def test_a_classic_session_plans_in_order_with_the_same_waits():
     deltas = {}
     circuit._plan_layer(_InOrder(), lambda node: (node, None if node.id == waiting.node else node.id), deltas)
     assert sorted(deltas) == sorted([t.node, ready.node])  # not the waiting node's reader
+
+
+def test_nodes_staging_and_unstaging_in_threads_at_once():
+    """Planner threads stage and drop (a deferred node) their deltas in one step at once."""
+    step = StepContext(None, None, None, {})
+    failed: list[BaseException] = []
+
+    def node(label: str) -> None:
+        try:
+            for i in range(20_000):
+                step.staged[f"{label}.{i % 50}"] = i
+                if i % 50 == 49:
+                    step.unstage(label)
+        except BaseException as e:
+            failed.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often, as they do waiting on the server
+    try:
+        threads = [threading.Thread(target=node, args=(label,)) for label in ("a", "b", "c")]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failed
+    assert step.staged == {}
