@@ -233,7 +233,7 @@ def definition_files(project: ProjectSpec | None) -> dict[str, int | None]:
     pipelines' SQL files), with their modification times."""
     from .config import config_file
 
-    paths = [config_file()[0], *(spec.sql for spec in (project.pipelines if project else []))]
+    paths = [config_file()[0], *(spec.sql for spec in project.pipelines if project)]
     return {path: _mtime(path) for path in paths if path}
 
 

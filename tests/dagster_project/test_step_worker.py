@@ -28,9 +28,7 @@ from dagster_project.step_worker import (
     WORKER_TAG,
     StepWorker,
     StepWorkerLauncher,
-    definition_files,
     listen,
-    loaded_project,
     process_start,
     read_address,
     request,
@@ -119,14 +117,6 @@ def test_the_worker_executes_a_run_the_way_dagsters_own_run_worker_does():
     assert "recon_job_from_origin(" in body and "core_execute_run(" in body
     parameters = inspect.signature(core_execute_run).parameters
     assert list(parameters)[:4] == ["recon_job", "dagster_run", "instance", "inject_env_vars"]
-
-
-def test_a_worker_whose_configuration_does_not_load_watches_the_file_alone(tmp_path, monkeypatch):
-    config = tmp_path / "dbsp.yaml"
-    config.write_text("pipelines: [")  # not YAML
-    monkeypatch.setenv("DBSP_CONFIG", str(config))
-    assert loaded_project() is None
-    assert definition_files(None) == {str(config): os.stat(config).st_mtime_ns}
 
 
 def test_a_worker_whose_definitions_changed_refuses_runs_and_ends_when_its_runs_have(tmp_path):
