@@ -20,6 +20,7 @@ warm-up and at the end.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -43,17 +44,16 @@ from circuits.spark import stop_connect_server
 from dagster_project.config import demo_settings, parse_project
 from dagster_project.demo_producer import produce_events
 from dagster_project.resources import KafkaResource
-from dagster_project.step_worker import read_address
+from dagster_project.step_worker import WORKER_FILE
 from sensors.broker import stop_local_broker
 
 PIPELINE = "nexmark"
 TIMEOUT = 600.0
 
 
-def project(root: str, events: int, broker: int, spark: int, max_runs: int | None = None) -> dict:
+def project(root: str, events: int, broker: int, spark: int) -> dict:
     """The demo pipeline, cutting a step at ``events`` records or 3 s after the first
-    (longer than producing a step's events takes); the worker retires after ``max_runs``
-    (default: the project's default)."""
+    (longer than producing a step's events takes)."""
     spec = {
         **demo_settings()["pipelines"][0],
         "max_records_per_step": events,
@@ -61,7 +61,6 @@ def project(root: str, events: int, broker: int, spark: int, max_runs: int | Non
         "sensor_interval_seconds": 1,
     }
     return {
-        **({"step_worker": {"max_runs": max_runs}} if max_runs else {}),
         "pipelines": [spec],
         "resources": {
             "kafka": {"embedded_port": broker},
@@ -74,13 +73,11 @@ def project(root: str, events: int, broker: int, spark: int, max_runs: int | Non
 class Served:
     """``dbsp dev`` in ``root`` and what the bench needs of it."""
 
-    def __init__(
-        self, root: str, events: int, broker: int | None = None, spark: int | None = None, max_runs: int | None = None
-    ) -> None:
+    def __init__(self, root: str, events: int, broker: int | None = None, spark: int | None = None) -> None:
         """``broker``, ``spark``: the embedded broker's and Spark server's ports (default: free ones)."""
         self.root, self.port = root, free_port()
         self.broker, self.spark = broker or free_port(), spark or free_port()
-        settings = project(root, events, self.broker, self.spark, max_runs)
+        settings = project(root, events, self.broker, self.spark)
         config = os.path.join(root, "dbsp.yaml")
         with open(config, "w") as f:
             yaml.safe_dump(settings, f)
@@ -122,14 +119,10 @@ class Served:
         return self._finished(f"{PIPELINE}_step_job", seen)
 
     def worker_rss(self) -> int:
-        """The live step worker's resident memory, in bytes (a retired one's successor's,
-        once it listens)."""
-        deadline = time.monotonic() + 120
-        while (address := read_address(os.path.join(self.env["DBSP_HOME"], "dagster"))) is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no step worker lives; see {self.log.name}")
-            time.sleep(0.5)
-        with open(f"/proc/{address.pid}/status") as f:
+        """The step worker's resident memory, in bytes."""
+        with open(os.path.join(self.env["DBSP_HOME"], "dagster", WORKER_FILE)) as f:
+            pid = json.load(f)["pid"]
+        with open(f"/proc/{pid}/status") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
     def _runs(self, job: str) -> set[str]:
@@ -190,10 +183,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="measured steps of each size (medians)")
     parser.add_argument("--warmup", type=int, default=3, help="unrecorded steps of the first size first")
     parser.add_argument("--memory-every", type=int, default=0, help="print the worker's memory every N runs")
-    parser.add_argument("--worker-max-runs", type=int, help="the project's step_worker.max_runs (default: its default)")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="dbsp-launch-")
-    served = Served(root, max(args.events), max_runs=args.worker_max_runs)
+    served = Served(root, max(args.events))
     lines = [f"dbsp dev, demo pipeline, medians of {args.steps} runs per kind after {args.warmup} warm-up steps"]
     try:
         for _ in range(args.warmup):

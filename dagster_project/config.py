@@ -570,20 +570,6 @@ class ResourcesSpec(BaseModel):
     )
 
 
-class StepWorkerSpec(BaseModel):
-    """Settings of the resident step worker that ``dbsp dev`` starts
-    (:mod:`dagster_project.step_worker`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_runs: int = Field(
-        500,
-        gt=0,
-        description="runs a worker takes before it retires (when they have ended) and `dbsp dev` starts a "
-        "fresh one: what a long-lived process gains in memory stays bounded",
-    )
-
-
 class ProjectSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     _source: str = PrivateAttr("the configuration")
@@ -597,9 +583,6 @@ class ProjectSpec(BaseModel):
     )
     gateway: GatewaySpec = Field(
         default_factory=GatewaySpec, description="the source gateway's buffers, threads and endpoint"
-    )
-    step_worker: StepWorkerSpec = Field(
-        default_factory=StepWorkerSpec, description="the resident step worker that `dbsp dev` starts"
     )
 
     @model_validator(mode="after")

@@ -19,13 +19,6 @@ says whether its thread still runs.
 definitions are out of date), it launches the run the default way (a new process from the
 code server), and says so in the run's events.
 
-**Recycling**: once it has taken ``step_worker.max_runs`` runs (see
-:class:`~dagster_project.config.StepWorkerSpec`) the worker takes no more, ends when they
-have, and ``dbsp dev`` starts a fresh one, as Celery's ``worker_max_tasks_per_child`` does: the
-memory a process gains over thousands of runs (native memory: its Python heap stays flat)
-stays bounded.  A run launched before the new worker listens runs in a
-new process.
-
 **Health**: Dagster's run monitoring asks the launcher about every started run.  A run
 whose worker process is gone (killed, out of memory) is reported failed with that cause,
 so its pipeline's lease is free for the next run, which recovers the uncommitted steps as
@@ -46,7 +39,7 @@ import socket
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from dagster import DagsterEventType, DagsterInstance, DefaultRunLauncher
 from dagster._core.events import EngineEventData
@@ -57,9 +50,6 @@ from dagster._grpc.impl import core_execute_run
 from dagster._utils.hosted_user_process import recon_job_from_origin
 
 from circuits.errors import DbspError
-
-if TYPE_CHECKING:
-    from .config import ProjectSpec
 
 WORKER_FILE = "step_worker.json"
 WORKER_TAG = "dbsp/step_worker"
@@ -218,38 +208,27 @@ def _mtime(path: str) -> int | None:
         return None
 
 
-def loaded_project() -> ProjectSpec | None:
-    """The project ``dbsp dev`` serves; None when its configuration does not load (the
-    preload has logged why, and each run reports it)."""
-    from .config import load_project
-
-    with contextlib.suppress(DbspError):
-        return load_project(circuits=False)
-    return None
-
-
-def definition_files(project: ProjectSpec | None) -> dict[str, int | None]:
+def definition_files() -> dict[str, int | None]:
     """The files the code location's definitions are built from (the configuration and the
     pipelines' SQL files), with their modification times."""
-    from .config import config_file
+    from .config import config_file, load_project
 
-    paths = [config_file()[0], *(spec.sql for spec in project.pipelines if project)]
+    paths = [config_file()[0]]
+    with contextlib.suppress(DbspError):  # a broken configuration: watch the file alone
+        paths += [spec.sql for spec in load_project(circuits=False).pipelines]
     return {path: _mtime(path) for path in paths if path}
 
 
 class StepWorker:
     """The worker's side: executes each run it is handed in a thread of its own.  The
     definitions are loaded once; once a file they are built from (``watched``, see
-    :func:`definition_files`) changes, or it has taken ``max_runs`` runs, the worker
-    refuses new runs (the launcher starts them in new processes) and ends when its runs
-    have, for ``dbsp dev`` to start a new one."""
+    :func:`definition_files`) changes, the worker refuses new runs (the launcher starts
+    them in new processes) and ends when its runs have, for ``dbsp dev`` to start a new one."""
 
-    def __init__(self, instance: DagsterInstance, watched: dict[str, int | None], max_runs: int) -> None:
+    def __init__(self, instance: DagsterInstance, watched: dict[str, int | None]) -> None:
         self.instance = instance
         self.watched = watched
-        self.max_runs = max_runs
         self.retiring: str | None = None
-        self._taken = 0
         self._runs: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
 
@@ -257,30 +236,20 @@ class StepWorker:
         changed = [path for path, mtime in self.watched.items() if _mtime(path) != mtime]
         return f"{changed[0]} changed since the step worker loaded the definitions" if changed else None
 
-    def _worn(self) -> str | None:
-        if self._taken < self.max_runs:
-            return None
-        return f"it has taken {self._taken} runs (step_worker.max_runs: {self.max_runs})"
-
-    def _retire(self) -> str | None:
-        """Why the worker retires, if it does (once it does, it stays retiring)."""
-        self.retiring = self.retiring or self._changed() or self._worn()
-        return self.retiring
-
     def busy(self) -> bool:
         with self._lock:
             return any(thread.is_alive() for thread in self._runs.values())
 
     def answer(self, message: dict) -> dict:
         if "launch" in message:
-            if self._retire():
+            self.retiring = self.retiring or self._changed()
+            if self.retiring:
                 return {"refused": f"the step worker is restarting: {self.retiring}"}
             run_id = message["launch"]
             thread = threading.Thread(target=self.execute, args=(run_id,), name=f"run-{run_id[:8]}", daemon=True)
             with self._lock:
                 self._runs = {r: t for r, t in self._runs.items() if t.is_alive()}
                 self._runs[run_id] = thread
-                self._taken += 1
             thread.start()
             return {"launched": run_id}
         if "status" in message:
@@ -313,7 +282,7 @@ class StepWorker:
     def serve(self, server: socket.socket) -> None:
         """Answers requests on ``server`` until the worker retires and its runs have ended."""
         server.settimeout(1.0)
-        while not (self._retire() and not self.busy()):
+        while not (self.retiring and not self.busy()):
             try:
                 conn, _ = server.accept()
             except TimeoutError:
@@ -349,7 +318,6 @@ def _end_now(signum: int, _frame) -> None:
 def main() -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _end_now)
-    from .config import StepWorkerSpec
     from .factory import keep_pipelines_open  # the worker's own imports: Spark and the engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -361,9 +329,7 @@ def main() -> int:
             __import__(PRELOAD)
         except Exception as e:
             log.warning("step worker: could not preload %s: %s", PRELOAD, e)
-        project = loaded_project()
-        settings = project.step_worker if project else StepWorkerSpec()
-        worker = StepWorker(instance, definition_files(project), settings.max_runs)
+        worker = StepWorker(instance, definition_files())
         log.info("step worker (pid %d) serving %s", os.getpid(), instance.root_directory)
         worker.serve(server)
         log.info("step worker (pid %d) ends: %s", os.getpid(), worker.retiring)

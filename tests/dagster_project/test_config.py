@@ -172,7 +172,6 @@ def test_the_example_configuration_is_valid(spark):
         ),
         ({"sources": [{"kind": "tcp", "name": "in", "topic": "good.bids"}]}, ["sources.0.tcp.port", "Field required"]),
         ({"gateway": {"buffers": 1}}, ["gateway.buffers", "greater than 1"]),
-        ({"step_worker": {"max_runs": 0}}, ["step_worker.max_runs", "greater than 0", "retires"]),
     ],
 )
 def test_a_bad_gateway_setting_is_named(spark, change, named):

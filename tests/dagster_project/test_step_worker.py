@@ -9,8 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 from dagster import DagsterEventType, DagsterInstance
@@ -28,10 +26,7 @@ from dagster_project.step_worker import (
     WORKER_TAG,
     StepWorker,
     StepWorkerLauncher,
-    listen,
     process_start,
-    read_address,
-    request,
 )
 from storage.lease import Holder
 from storage.pipeline import status
@@ -122,7 +117,7 @@ def test_the_worker_executes_a_run_the_way_dagsters_own_run_worker_does():
 def test_a_worker_whose_definitions_changed_refuses_runs_and_ends_when_its_runs_have(tmp_path):
     config = tmp_path / "dbsp.yaml"
     config.write_text("pipelines: []\n")
-    worker = StepWorker(None, {str(config): os.stat(config).st_mtime_ns}, max_runs=500)
+    worker = StepWorker(None, {str(config): os.stat(config).st_mtime_ns})
     assert worker._changed() is None
     os.utime(config, ns=(0, 0))  # edited since the worker loaded the definitions
     refused = worker.answer({"launch": "a-run"})
@@ -130,30 +125,6 @@ def test_a_worker_whose_definitions_changed_refuses_runs_and_ends_when_its_runs_
         "refused": f"the step worker is restarting: {config} changed since the step worker loaded the definitions"
     }
     assert worker.retiring and not worker.busy()  # so serve() returns and the process ends
-
-
-class _Sleeping(StepWorker):
-    """A worker whose runs only take time: what is tested is when it takes them and ends."""
-
-    def execute(self, run_id: str) -> None:
-        time.sleep(0.5)
-
-
-def test_a_worker_that_has_taken_max_runs_refuses_more_and_ends_when_they_have(tmp_path):
-    worker = _Sleeping(None, {}, max_runs=2)
-    server = listen(str(tmp_path))
-    serving = threading.Thread(target=worker.serve, args=(server,))
-    serving.start()
-    address = read_address(str(tmp_path))
-    assert request(address, {"launch": "run-1"}) == {"launched": "run-1"}
-    assert request(address, {"launch": "run-2"}) == {"launched": "run-2"}
-    assert request(address, {"launch": "run-3"}) == {
-        "refused": "the step worker is restarting: it has taken 2 runs (step_worker.max_runs: 2)"
-    }
-    assert request(address, {"status": "run-2"}) == {"status": "running"}  # the taken runs go on
-    serving.join(10)
-    assert not serving.is_alive() and not worker.busy()  # it ended once they had: dbsp dev starts a new one
-    server.close()
 
 
 def test_a_run_in_a_process_of_its_own_fails_when_that_process_is_gone(tmp_path):
