@@ -45,7 +45,7 @@ from gateway.control import call, require_running
 from sensors.division import DivisionPolicy, cut_next
 from sensors.errors import SourceError
 from sensors.status import report
-from storage import inspect
+from storage import inspect, views
 from storage.gateway_figures import record_figures, record_unflushed
 from storage.lease import Holder
 from storage.logs import DivisionLog, output_uri
@@ -216,7 +216,8 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
         rates = dead_letter_rates(pipeline.root, spec.sources, first, last)
         loud = [r for r in rates if r.too_high(spec.max_dead_letter_share)]
         dead = {name: [r for r in loud if r.handle in spec.view_sources(name)] for name in keys}
-        yield from check_results(keys, inspect.check_outputs(pipeline.outputs, sets, first, last), dead)
+        current = views.views_at(pipeline.root, spec.views, last)
+        yield from check_results(keys, inspect.check_outputs(pipeline.outputs, sets, first, last, current), dead)
 
     return steps
 

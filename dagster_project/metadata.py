@@ -33,8 +33,7 @@ def step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dict
     rows_state, bytes_state = inspect.size(f"{pipeline.root}/state")
     offsets = [
         f"| {step} | {r.source} | {r.partition} | {r.start} | {r.end} |"
-        for step, ranges in pipeline.divisions.all().items()
-        if first <= step <= last
+        for step, ranges in pipeline.divisions.steps(first, last).items()
         for r in ranges
     ]
     metadata = {

@@ -1,26 +1,30 @@
 """Read-only facts about a pipeline's tables, for reports and checks.
 
 Row counts come from the Delta log's file statistics (no Spark job); the checks are
-queries for the bad rows of an output log (the set check: among the rows a step touched).
+queries for the bad rows of an output log (the set check: among the rows a step touched,
+counted in the output's current view where it has one, else integrated over the log).
 :func:`check_outputs` counts them in this process with pyarrow when the logs are small,
 else with one Spark job (:func:`count_each`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import reduce
 from typing import TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from pyspark.sql import DataFrame
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT
 
-from .delta import add_actions, delta_tables
+from .delta import add_actions, delta_tables, read_files, table_schema
 from .logs import STEP, OutputLog, files_of_steps
 from .tables import dataset, groupable, open_table
 
@@ -34,31 +38,73 @@ checked by Spark, where they are."""
 _TOUCHED = "_touched"
 
 
-def check_outputs(outputs: OutputLog, sets: dict[str, bool], first: int, last: int) -> dict[tuple[str, str], int]:
+def check_outputs(
+    outputs: OutputLog,
+    sets: dict[str, bool],
+    first: int,
+    last: int,
+    views: Mapping[str, DeltaTable] | None = None,
+) -> dict[tuple[str, str], int]:
     """Bad rows of steps ``first..=last`` of each output ``sets`` names, by (output,
     check): ``consolidated`` (see :func:`unconsolidated`) for each, ``is_a_set`` (see
-    :func:`not_a_set`) for those whose value is True."""
-    tables = {name: open_table(outputs.uri(name)) for name in sets}
-    if not all(_local(table) for table in tables.values()) or sum(_rows(t) for t in tables.values()) > LOCAL_ROWS:
-        return _spark_checks(outputs, sets, first, last)
+    :func:`not_a_set`) for those whose value is True.
+
+    ``views``: outputs' current views as of step ``last``.  The set check of such an
+    output counts the copies of the touched rows in the view, the log's integral, rather
+    than integrating the log from its first step: what a run reads then grows with the
+    view, not with the pipeline's age."""
+    views = views or {}
+    logs = {name: open_table(outputs.uri(name)) for name in sets}
+    if not all(map(_local, logs.values())):
+        return _spark_checks(outputs, sets, first, last, views)
+    integrals = {name: views.get(name) for name, is_set in sets.items() if is_set}
+    rows = sum(_rows(files_of_steps(log, first, last)) for log in logs.values()) + sum(
+        _rows(add_actions(view).to_pylist()) if view is not None else _rows(files_of_steps(logs[name], 0, last))
+        for name, view in integrals.items()
+    )
+    if rows > LOCAL_ROWS or not all(map(_local, filter(None, integrals.values()))):
+        return _spark_checks(outputs, sets, first, last, views)
     bad = {}
-    for name, is_set in sets.items():
-        history = dataset(tables[name], [(STEP, "<=", last)]).to_table(filter=ds.field(STEP) <= last)
-        changes = history.filter(pc.field(STEP) >= first)
+    for name, log in logs.items():
+        changes = _steps(log, first, last)
         bad[name, "consolidated"] = unconsolidated_rows(changes)
-        if is_set:
-            bad[name, "is_a_set"] = not_a_set_rows(history, changes)
+        if name in integrals:
+            view = integrals[name]
+            integral = _steps(log, 0, last) if view is None else _copies(dataset(view).to_table())
+            bad[name, "is_a_set"] = not_a_set_rows(integral, changes)
     return bad
 
 
-def _spark_checks(outputs: OutputLog, sets: dict[str, bool], first: int, last: int) -> dict[tuple[str, str], int]:
+def _spark_checks(
+    outputs: OutputLog, sets: dict[str, bool], first: int, last: int, views: Mapping[str, DeltaTable]
+) -> dict[tuple[str, str], int]:
     queries = {}
     for name, is_set in sets.items():
         changes = outputs.read(name, first, last)
         queries[name, "consolidated"] = unconsolidated(changes)
         if is_set:
-            queries[name, "is_a_set"] = not_a_set(outputs.read(name, 0, last), changes)
+            view = views.get(name)
+            integral = outputs.read(name, 0, last) if view is None else _view_copies(outputs.spark, view)
+            queries[name, "is_a_set"] = not_a_set(integral, changes)
     return count_each(queries)
+
+
+def _steps(table: DeltaTable, first: int, last: int, columns: list[str] | None = None) -> pa.Table:
+    """The rows of steps ``first..=last`` of the step-keyed ``table`` (of its files that may hold them)."""
+    step = ds.field(STEP)
+    files = dataset(table, [(STEP, ">=", first), (STEP, "<=", last)])
+    return files.to_table(columns=columns, filter=(step >= first) & (step <= last))
+
+
+def _copies(view: pa.Table) -> pa.Table:
+    """A view's rows (a row per copy) as changes of weight 1 each."""
+    return view.append_column(WEIGHT, pa.array(np.ones(view.num_rows, dtype=np.int64)))
+
+
+def _view_copies(spark: SparkSession, view: DeltaTable) -> DataFrame:
+    """:func:`_copies` of a view read by Spark."""
+    rows = read_files(spark, view.table_uri, table_schema(view), view.file_uris(), view.version())
+    return rows.withColumn(WEIGHT, F.lit(1).cast("bigint"))
 
 
 def _local(table) -> bool:
@@ -67,9 +113,9 @@ def _local(table) -> bool:
     return table is not None and groupable(table)
 
 
-def _rows(table) -> int:
-    """The table's rows by its file statistics; a file without them counts as too many."""
-    return sum(LOCAL_ROWS + 1 if n is None else n for n in add_actions(table).column("num_records").to_pylist())
+def _rows(files: list[dict]) -> int:
+    """The rows of add actions ``files`` by their statistics; a file without them counts as too many."""
+    return sum(LOCAL_ROWS + 1 if f["num_records"] is None else f["num_records"] for f in files)
 
 
 def unconsolidated_rows(changes: pa.Table) -> int:
@@ -114,10 +160,7 @@ def dead_letters_of_steps(uri: str, first: int, last: int, reasons: int) -> dict
     table = open_table(uri)
     if table is None:
         return {}
-    step = pc.field(STEP)
-    letters = dataset(table, [(STEP, ">=", first), (STEP, "<=", last)]).to_table(
-        columns=["topic", "partition", "offset", "reason", STEP], filter=(step >= first) & (step <= last)
-    )
+    letters = _steps(table, first, last, ["topic", "partition", "offset", "reason", STEP])
     found: dict[str, tuple[int, list[str]]] = {}
     for row in letters.sort_by([(STEP, "ascending"), ("offset", "ascending")]).to_pylist():
         count, first_reasons = found.get(row["topic"], (0, []))

@@ -435,8 +435,7 @@ class Pipeline:
         offsets = self.spark.createDataFrame(
             [
                 (step, [(r.source, r.partition, r.start, r.end) for r in ranges])
-                for step, ranges in self.divisions.all().items()
-                if first <= step <= last
+                for step, ranges in self.divisions.steps(first, last).items()
             ],
             "_step bigint, _input array<struct<source: string, partition: bigint, start: bigint, end: bigint>>",
         )

@@ -445,6 +445,16 @@ def read_view(root: str, sink: str, step: int | None = None, limit: int | None =
     return ViewSnapshot(sink, at, version, rows, data.to_table() if limit is None else data.head(limit))
 
 
+def views_at(root: str, sinks: Iterable[str], step: int) -> dict[str, DeltaTable]:
+    """The current views of ``sinks`` as of committed step ``step``, each at the version the
+    latest checkpoint pins, when that checkpoint is ``step``'s (none otherwise: a later
+    step was committed meanwhile).  Unlike :func:`read_view` for a past step, reads no
+    table's history."""
+    _, committed, meta = latest_checkpoint(root)
+    versions = json.loads(meta.get(VIEWS_KEY, "{}")) if committed == step + 1 else {}
+    return {sink: open_table(view_uri(root, sink), versions[sink]) for sink in sinks if sink in versions}
+
+
 def _version_of_step(uri: str, sink: str, step: int, committed: int) -> int:
     versions = step_versions(uri)
     if step not in versions:

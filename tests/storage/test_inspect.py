@@ -4,7 +4,7 @@ import time
 from collections import Counter
 
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from circuits.spark import round_trips
 from storage import inspect
@@ -85,11 +85,23 @@ def test_a_small_output_log_is_checked_without_spark_and_a_large_one_by_one_job(
     outputs = OutputLog(spark, str(tmp_path))
     expected = {("o", "consolidated"): 1, ("o", "is_a_set"): 2, ("p", "consolidated"): 1}
     write_deltalake(output_uri(str(tmp_path), "p"), _arrow([("x", 1, 1, 2), ("x", 1, 1, 2)]))
-    for rows, jobs in ((inspect.LOCAL_ROWS, 0), (0, 1)):
-        monkeypatch.setattr(inspect, "LOCAL_ROWS", rows)
-        with round_trips(spark) as calls:
-            assert inspect.check_outputs(outputs, {"o": True, "p": False}, 2, 2) == expected
-        assert calls["ExecutePlan"] == jobs
+    # The view of "o" as of step 2, a row per copy: the log's integral, which the set
+    # check reads instead of the whole log when the output has one.
+    copies = [("a", 1)] * 2 + [("b", None)] + [("c", 3)] * 2 + [("d", 4)] * 2 + [(None, None)] * 2
+    view = pa.Table.from_pylist([{"k": k, "v": v} for k, v in copies], schema=pa.schema(list(ARROW)[:2]))
+    write_deltalake(str(tmp_path / "view"), view)
+    local = inspect.LOCAL_ROWS
+    for views in ({}, {"o": DeltaTable(str(tmp_path / "view"))}):
+        for rows, jobs in ((local, 0), (0, 1)):
+            monkeypatch.setattr(inspect, "LOCAL_ROWS", rows)
+            with round_trips(spark) as calls:
+                assert inspect.check_outputs(outputs, {"o": True, "p": False}, 2, 2, views) == expected
+            assert calls["ExecutePlan"] == jobs
+    # The view, not the log, is what the set check counted: with one copy of "d" gone, only
+    # the all-null row is bad.
+    write_deltalake(str(tmp_path / "view"), pa.concat_tables([view.slice(0, 6), view.slice(7)]), mode="overwrite")
+    checked = inspect.check_outputs(outputs, {"o": True}, 2, 2, {"o": DeltaTable(str(tmp_path / "view"))})
+    assert checked[("o", "is_a_set")] == 1
 
 
 def test_dead_letters_of_steps_count_each_topics_and_give_the_first_reasons(tmp_path):
