@@ -210,16 +210,24 @@ def _step_assets(spec: PipelineSpec, partitions: DynamicPartitionsDefinition):
                 f"{spec.name}: configured for {spec.workers} workers, but its state's layout has {layout.workers}; "
                 f"materialize {spec.name}/layout with workers: {spec.workers} to change it"
             )
-        for name, metadata in sink_metadata(spec, pipeline, first, last, ran).items():
-            yield MaterializeResult(asset_key=keys[name], metadata=metadata)
-        sets = {name: name not in spec.bags for name in keys}
-        rates = dead_letter_rates(pipeline.root, spec.sources, first, last)
-        loud = [r for r in rates if r.too_high(spec.max_dead_letter_share)]
-        dead = {name: [r for r in loud if r.handle in spec.view_sources(name)] for name in keys}
-        current = views.views_at(pipeline.root, spec.views, last)
-        yield from check_results(keys, inspect.check_outputs(pipeline.outputs, sets, first, last, current), dead)
+        yield from step_results(spec, pipeline, keys, first, last, ran)
 
     return steps
+
+
+def step_results(
+    spec: PipelineSpec, pipeline: Pipeline, keys: dict[str, AssetKey], first: int, last: int, ran: range
+) -> Iterator[MaterializeResult | AssetCheckResult]:
+    """What a step run reports of steps ``first..=last`` once they are committed: each sink's
+    materialization (see :func:`sink_metadata`) and its check (see :func:`check_results`)."""
+    for name, metadata in sink_metadata(spec, pipeline, first, last, ran).items():
+        yield MaterializeResult(asset_key=keys[name], metadata=metadata)
+    sets = {name: name not in spec.bags for name in keys}
+    rates = dead_letter_rates(pipeline.root, spec.sources, first, last)
+    loud = [r for r in rates if r.too_high(spec.max_dead_letter_share)]
+    dead = {name: [r for r in loud if r.handle in spec.view_sources(name)] for name in keys}
+    current = views.views_at(pipeline.root, spec.views, last)
+    yield from check_results(keys, inspect.check_outputs(pipeline.outputs, sets, first, last, current), dead)
 
 
 def sink_metadata(spec: PipelineSpec, pipeline: Pipeline, first: int, last: int, ran: range) -> dict[str, dict]:

@@ -41,17 +41,19 @@ from .delta import (
     add_actions,
     commit,
     is_latest,
+    latest,
     paths,
     read_files,
     read_matching,
     table_identity,
     table_schema,
+    write_local,
     write_tables,
 )
 from .errors import CorruptTableError, StaleWriterError, StateFormatError, StorageError
 from .faults import failpoint
 from .logs import STEP, output_uri
-from .tables import dataset, ensure_table, open_table
+from .tables import dataset, ensure_table, open_table, parquet_dataset
 
 ENGINE_VERSION = "0.2.0"
 STATE_FORMAT = 2
@@ -536,6 +538,49 @@ def crowded(adds: pa.Table) -> list[str]:
         if count < CLUSTER_ROWS:
             classes.setdefault(_size_class(count), []).append(path)
     return next((classes[c] for c in sorted(classes) if len(classes[c]) > COMPACT_FILES), [])
+
+
+def compaction_due(first: int, after: int) -> bool:
+    """Whether a run of steps ``first`` to ``after`` (exclusive) compacts its pipeline's logs
+    (see :func:`compact_log`): once every :data:`COMPACT_FILES` steps, so that looking for
+    crowded files costs a small step nothing the other times."""
+    return after // COMPACT_FILES > first // COMPACT_FILES
+
+
+LOG_COMPACTION = "log_compaction"
+"""The app transaction of a log's compaction commits (see :func:`compact_log`)."""
+
+
+def compact_log(uri: str, column: str, below: int) -> int:
+    """Merges the crowded files (see :func:`crowded`) of the step-keyed log at ``uri`` that
+    hold only steps (``column``) before ``below`` into one file sorted by step, written by
+    this process and committed as a rearrangement (``dataChange`` false: a reader of the
+    table's changes sees none).  A log gains a file a step and every open of a Delta table
+    reads the actions of all its files, so without this what a run reads of its logs, and
+    what a resident process keeps of them, grows with the pipeline's age.  Readers of a
+    log select a step's rows by ``column``, not by file.  Returns the files merged: none
+    when none crowd, or when another writer's commit refused this one (a later run
+    merges them)."""
+    with latest(uri) as table:
+        if table is None:
+            return 0
+        adds = add_actions(table)
+        if f"max.{column}" not in adds.column_names:
+            return 0
+        done = adds.filter(pc.fill_null(pc.less(adds.column(f"max.{column}"), below), False))
+        merged = crowded(done)
+        if not merged:
+            return 0
+        schema = pa.schema(table.schema().to_arrow())
+        root = table.table_uri.rstrip("/")
+        rows = parquet_dataset([f"{root}/{p}" for p in merged], schema).to_table().sort_by(column)
+        files = write_local(uri, schema, {None: rows})
+        failpoint("during_log_compaction", below)
+        try:
+            commit(files, LOG_COMPACTION, below, table, merged, data_change=False)
+        except StaleWriterError:
+            return 0
+        return len(merged)
 
 
 def _size_class(rows: int) -> int:

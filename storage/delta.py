@@ -11,6 +11,7 @@ feature ``timestampNtz`` of it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -263,6 +264,7 @@ def commit(
     base: DeltaTable | None = None,
     remove: Collection[str] | None = None,
     metadata: dict[str, str] | None = None,
+    data_change: bool = True,
 ) -> int:
     """Commits ``files`` as one Delta version, tagged with app transaction ``(app_id, version)``.
 
@@ -275,12 +277,13 @@ def commit(
     version (paths relative to the table) to remove in the same commit.  delta-rs does not
     skip a repeated app-transaction version, so callers check :func:`transaction_version`
     first.  ``metadata`` goes into the commit's info (``DeltaTable.history()`` shows it).
-    Returns the table's new version.
+    ``data_change=False`` marks a commit that rearranges rows without changing them (a
+    compaction): readers of the table's changes skip it.  Returns the table's new version.
     """
     if base is None:
         with latest(files.uri, files.schema) as table:
-            return _commit_on(table, files, app_id, version, remove, metadata)
-    return _commit_on(base, files, app_id, version, remove, metadata)
+            return _commit_on(table, files, app_id, version, remove, metadata, data_change)
+    return _commit_on(base, files, app_id, version, remove, metadata, data_change)
 
 
 def _commit_on(
@@ -290,8 +293,9 @@ def _commit_on(
     version: int,
     remove: Collection[str] | None,
     metadata: dict[str, str] | None,
+    data_change: bool,
 ) -> int:
-    actions: list[AddAction | RemoveAction] = list(files.actions)
+    actions: list[AddAction | RemoveAction] = [dataclasses.replace(a, data_change=data_change) for a in files.actions]
     if remove:
         now = int(time.time() * 1000)
         adds = add_actions(table)
@@ -301,7 +305,7 @@ def _commit_on(
             raise StaleWriterError(
                 f"{files.uri}: files to replace are no longer in version {table.version()}: {gone[:3]}"
             )
-        actions += [RemoveAction(p, True, now, sizes[p]) for p in remove]
+        actions += [RemoveAction(p, data_change, now, sizes[p]) for p in remove]
     try:
         table.create_write_transaction(
             actions,

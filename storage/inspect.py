@@ -26,7 +26,7 @@ from circuits.zset import WEIGHT
 
 from .delta import add_actions, delta_tables, read_files, table_schema
 from .logs import STEP, OutputLog, files_of_steps
-from .tables import dataset, groupable, open_table
+from .tables import dataset, groupable, open_table, parquet_dataset
 
 K = TypeVar("K")
 
@@ -150,8 +150,21 @@ def not_a_set_rows(history: pa.Table, changes: pa.Table) -> int:
 
 
 def rows_of_steps(uri: str, first: int, last: int) -> int:
-    """Rows that steps ``first..=last`` wrote to the step-keyed table ``uri`` (0 if none)."""
-    return sum(f["num_records"] or 0 for f in files_of_steps(open_table(uri), first, last))
+    """Rows that steps ``first..=last`` wrote to the step-keyed table ``uri`` (0 if none): by
+    the statistics of the files holding only those steps, and by reading the steps' rows of
+    any other (a compaction's, see :func:`storage.database.compact_log`)."""
+    files = files_of_steps(open_table(uri), first, last)
+    inside = [f for f in files if first <= _step_bound(f, "min", -1) and _step_bound(f, "max", last + 1) <= last]
+    others = [f["uri"] for f in files if f not in inside]
+    step = ds.field(STEP)
+    counted = parquet_dataset(others).count_rows(filter=(step >= first) & (step <= last)) if others else 0
+    return sum(f["num_records"] or 0 for f in inside) + counted
+
+
+def _step_bound(file: dict, bound: str, unknown: int) -> int:
+    """A file's least or greatest step (``bound``: min or max) by its statistics, or ``unknown``."""
+    found = file.get(f"{bound}.{STEP}")
+    return unknown if found is None else found
 
 
 def dead_letters_of_steps(uri: str, first: int, last: int, reasons: int) -> dict[str, tuple[int, list[str]]]:

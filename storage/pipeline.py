@@ -39,12 +39,20 @@ from circuits.vnodes import Layout
 from circuits.zset import WEIGHT
 
 from . import location
-from .database import READS, STATE_FORMAT, DeltaStateStore, Relayout, latest_checkpoint
+from .database import (
+    READS,
+    STATE_FORMAT,
+    DeltaStateStore,
+    Relayout,
+    compact_log,
+    compaction_due,
+    latest_checkpoint,
+)
 from .delta import delta_tables
 from .errors import CancelledError, InputTimeoutError, StaleWriterError, StepOrderError, ViewError
 from .faults import failpoint
 from .lease import Holder, Lease, LeaseRecord
-from .logs import DivisionLog, InputLog, OutputLog, Range, records
+from .logs import STEP, DivisionLog, InputLog, OutputLog, Range, records
 from .logs import StepInput as LoggedInput
 from .sinks import Sinks
 from .tables import open_table
@@ -403,6 +411,15 @@ class Pipeline:
             self.state.commit()
         return report
 
+    def compact_logs(self, below: int) -> int:
+        """Merges the crowded files of the pipeline's step-keyed logs (inputs, outputs, dead
+        letters, checkpoints, divisions) that hold only steps before ``below`` (see
+        :func:`storage.database.compact_log`).  Returns the files merged."""
+        logs = [self.inputs.uri(h) for h in self.circuit.inputs] + [self.outputs.uri(h) for h in self.circuit.outputs]
+        keyed = [(uri, STEP) for uri in [*logs, self.inputs.dead_letters_uri]]
+        keyed += [(self.state.checkpoints_uri, "step"), (self.divisions.uri, "step")]
+        return sum(compact_log(uri, column, below) for uri, column in keyed)
+
     def vacuum(self) -> list[str]:
         """Deletes data files no openable checkpoint needs (and files no commit ever took,
         such as the output of a discarded replay).  Returns the deleted paths.
@@ -542,6 +559,9 @@ class Worker:
                     pipeline.views.pin(pipeline.state)
                     pipeline.state.commit()
                 failpoint("after_commit", step - 1)
+                if compaction_due(first, step):
+                    with pipeline.timed("log_compaction"):
+                        pipeline.compact_logs(first)
             self.next_step = step
         except BaseException as e:
             self._error = e
