@@ -70,9 +70,13 @@ def _words(seed: int, steps: int) -> list[list[tuple]]:
     return [[(rng.choice("abcdef"), rng.randint(1, 3), rng.choice([1, 1, -1])) for _ in range(3)] for _ in range(steps)]
 
 
+def _submit(spark, pipeline: Pipeline, step: int, rows: list[tuple]) -> None:
+    pipeline.submit(step, {"upper": from_rows(spark, rows, WORDS_SCHEMA)}, [Range("words", 0, step, step + 1)])
+
+
 def _run(spark, root: str, step: int, rows: list[tuple]) -> Pipeline:
     pipeline = Pipeline(spark, root, word_count(), workers=2)  # each run a new process's
-    pipeline.submit(step, {"upper": from_rows(spark, rows, WORDS_SCHEMA)}, [Range("words", 0, step, step + 1)])
+    _submit(spark, pipeline, step, rows)
     pipeline.run()
     return pipeline
 
@@ -82,8 +86,10 @@ def test_a_pipeline_merges_its_logs_as_it_goes_and_a_crash_in_a_merge_loses_and_
 ):
     steps = _words(7, 9)
     reference = str(tmp_path / "reference")
-    for step, rows in enumerate(steps):  # files never crowd here
-        _run(spark, reference, step, rows)
+    unmerged = Pipeline(spark, reference, word_count(), workers=2)
+    for step, rows in enumerate(steps):
+        _submit(spark, unmerged, step, rows)
+    unmerged.run()  # one run: no merge
 
     monkeypatch.setattr(database, "COMPACT_FILES", 2)  # every other run merges its logs' files
     root = str(tmp_path / "p")
@@ -97,7 +103,7 @@ def test_a_pipeline_merges_its_logs_as_it_goes_and_a_crash_in_a_merge_loses_and_
         pipeline = _run(spark, root, step, rows)
 
     last = len(steps) - 1
-    assert totals(pipeline, last) == totals(Pipeline(spark, reference, word_count(), workers=2), last)
+    assert totals(pipeline, last) == totals(unmerged, last)
     logs = [pipeline.inputs.uri("upper"), pipeline.outputs.uri("totals"), pipeline.divisions.uri]
     for uri in [*logs, pipeline.state.checkpoints_uri]:
         assert len(DeltaTable(uri).file_uris()) <= 4, uri  # of 9 steps' files
