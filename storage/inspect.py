@@ -25,7 +25,7 @@ from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT
 
 from .delta import add_actions, delta_tables, read_files, table_schema
-from .logs import STEP, OutputLog, files_of_steps
+from .logs import STEP, OutputLog, files_of_steps, step_rows
 from .tables import dataset, groupable, open_table, parquet_dataset
 
 K = TypeVar("K")
@@ -66,11 +66,11 @@ def check_outputs(
         return _spark_checks(outputs, sets, first, last, views)
     bad = {}
     for name, log in logs.items():
-        changes = _steps(log, first, last)
+        changes = step_rows(log, first, last)
         bad[name, "consolidated"] = unconsolidated_rows(changes)
         if name in integrals:
             view = integrals[name]
-            integral = _steps(log, 0, last) if view is None else _copies(dataset(view).to_table())
+            integral = step_rows(log, 0, last) if view is None else _copies(dataset(view).to_table())
             bad[name, "is_a_set"] = not_a_set_rows(integral, changes)
     return bad
 
@@ -87,13 +87,6 @@ def _spark_checks(
             integral = outputs.read(name, 0, last) if view is None else _view_copies(outputs.spark, view)
             queries[name, "is_a_set"] = not_a_set(integral, changes)
     return count_each(queries)
-
-
-def _steps(table: DeltaTable, first: int, last: int, columns: list[str] | None = None) -> pa.Table:
-    """The rows of steps ``first..=last`` of the step-keyed ``table`` (of its files that may hold them)."""
-    step = ds.field(STEP)
-    files = dataset(table, [(STEP, ">=", first), (STEP, "<=", last)])
-    return files.to_table(columns=columns, filter=(step >= first) & (step <= last))
 
 
 def _copies(view: pa.Table) -> pa.Table:
@@ -154,11 +147,14 @@ def rows_of_steps(uri: str, first: int, last: int) -> int:
     the statistics of the files holding only those steps, and by reading the steps' rows of
     any other (a compaction's, see :func:`storage.database.compact_log`)."""
     files = files_of_steps(open_table(uri), first, last)
-    inside = [f for f in files if first <= _step_bound(f, "min", -1) and _step_bound(f, "max", last + 1) <= last]
-    others = [f["uri"] for f in files if f not in inside]
+    counted, others = 0, []
+    for f in files:
+        if first <= _step_bound(f, "min", -1) and _step_bound(f, "max", last + 1) <= last:
+            counted += f["num_records"] or 0
+        else:
+            others.append(f["uri"])
     step = ds.field(STEP)
-    counted = parquet_dataset(others).count_rows(filter=(step >= first) & (step <= last)) if others else 0
-    return sum(f["num_records"] or 0 for f in inside) + counted
+    return counted + (parquet_dataset(others).count_rows(filter=(step >= first) & (step <= last)) if others else 0)
 
 
 def _step_bound(file: dict, bound: str, unknown: int) -> int:
@@ -173,7 +169,7 @@ def dead_letters_of_steps(uri: str, first: int, last: int, reasons: int) -> dict
     table = open_table(uri)
     if table is None:
         return {}
-    letters = _steps(table, first, last, ["topic", "partition", "offset", "reason", STEP])
+    letters = step_rows(table, first, last, columns=["topic", "partition", "offset", "reason", STEP])
     found: dict[str, tuple[int, list[str]]] = {}
     for row in letters.sort_by([(STEP, "ascending"), ("offset", "ascending")]).to_pylist():
         count, first_reasons = found.get(row["topic"], (0, []))

@@ -95,6 +95,15 @@ def files_of_steps(table: DeltaTable | None, first: int, last: int) -> list[dict
     return [{**a, "uri": f"{root}/{a['path']}"} for a in adds.to_pylist()]
 
 
+def step_rows(
+    table: DeltaTable, first: int, last: int, column: str = STEP, columns: list[str] | None = None
+) -> pa.Table:
+    """The rows of steps ``first..=last`` (by ``column``) of the step-keyed ``table``, read
+    by this process from the files whose statistics admit those steps."""
+    wanted = (pc.field(column) >= first) & (pc.field(column) <= last)
+    return dataset(table, [(column, ">=", first), (column, "<=", last)]).to_table(columns=columns, filter=wanted)
+
+
 def _step_schema(schema: T.StructType) -> T.StructType:
     return T.StructType([*with_weight_schema(schema).fields, T.StructField(STEP, T.LongType())])
 
@@ -197,10 +206,8 @@ class DivisionLog:
         table = open_table(self.uri)
         if table is None:
             return {}
-        last = 2**63 - 1 if last is None else last
-        wanted = (pc.field("step") >= first) & (pc.field("step") <= last)
         out: dict[int, list[Range]] = {}
-        for r in dataset(table, [("step", ">=", first), ("step", "<=", last)]).to_table(filter=wanted).to_pylist():
+        for r in step_rows(table, first, 2**63 - 1 if last is None else last, "step").to_pylist():
             out.setdefault(r["step"], []).append(Range(r["source"], r["partition"], r["start"], r["end"]))
         return {s: sorted(rs, key=lambda r: (r.source, r.partition)) for s, rs in sorted(out.items())}
 

@@ -45,7 +45,6 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -69,7 +68,7 @@ from .delta import (
 )
 from .errors import CorruptTableError, NegativeViewError, ViewError
 from .location import spark_path
-from .logs import STEP, files_of_steps, output_uri
+from .logs import STEP, files_of_steps, output_uri, step_rows
 from .tables import dataset, ensure_table, groupable, open_table, parquet_dataset
 
 VIEWS_KEY = "views"
@@ -366,9 +365,7 @@ def _rewrite_locally(uri: str, table: DeltaTable, change: Change, rewrite: Rewri
     if not rewrite.starts:  # no change row: the view's file stays
         return write_local(uri, schema, {})
     (start,) = rewrite.starts
-    first, last = change.steps
-    steps = (ds.field(STEP) >= first) & (ds.field(STEP) <= last)
-    rows = dataset(change.log, [(STEP, ">=", first), (STEP, "<=", last)]).to_table(filter=steps)
+    rows = step_rows(change.log, *change.steps)
     kept, aside = integrated_rows(dataset(table).to_table(), change.columns, rows)
     return write_local(uri, schema, {start: kept, NEGATIVE: aside})
 
