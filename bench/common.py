@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from circuits import InMemoryStateStore, StepRunner
 from circuits.daemon import free_port
 from circuits.library import nexmark_circuit
-from circuits.spark import connect_server, remote_session, stop_connect_server
+from circuits.spark import connect_server, remote_session, stop_connect_server, unnamed
 from circuits.zset import WEIGHT, consolidate, data_columns
 from storage.logs import STEP, OutputLog, Range
 from storage.pipeline import Pipeline
@@ -70,8 +70,10 @@ def peer_session(spark: SparkSession, url: str | None = None) -> SparkSession:
     """A session of its own on ``spark``'s server or JVM for the peer (Spark batch SQL,
     Structured Streaming), with Spark's defaults: in the engine's session the peer ran with
     adaptive execution and broadcast joins off and, after a small step, interpreted rows.
-    Over Spark Connect, ``url`` names the server: a Connect session has no ``newSession``."""
-    peer = SparkSession.builder.remote(url).create() if url else spark.newSession()
+    Over Spark Connect, ``url`` names the server (a Connect session has no ``newSession``);
+    the peer leaves the server session the URL may name, which is the engine's: settings
+    are a server session's, so the peer's would be the engine's too."""
+    peer = SparkSession.builder.remote(unnamed(url)).create() if url else spark.newSession()
     for key, value in SPARK_DEFAULTS.items():
         peer.conf.set(key, value)
     return peer

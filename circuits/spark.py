@@ -180,7 +180,12 @@ def _joinable(url: str) -> str:
     except SparkConnectException as e:
         if "INVALID_HANDLE.SESSION_CLOSED" not in str(e):
             raise
-        return re.sub(r";session_id=[^;]*", "", url)
+        return unnamed(url)
+
+
+def unnamed(url: str) -> str:
+    """``url`` without the server session it names: a client of it starts a session of its own."""
+    return re.sub(r";session_id=[^;]*", "", url)
 
 
 @contextmanager

@@ -8,9 +8,10 @@ import sys
 import uuid
 from pathlib import Path
 
+from pyspark.sql import SparkSession
 from pyspark.sql.connect.client import SparkConnectClient
 
-from circuits.spark import _probe, remote_session
+from circuits.spark import _probe, remote_session, unnamed
 
 PROJECT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -47,6 +48,19 @@ def _server_session(url: str) -> str:
 def test_processes_join_the_embedded_servers_session(connect_url):
     assert ";session_id=" in connect_url
     assert _session_of_child(connect_url) == (7, _server_session(connect_url))
+
+
+def test_a_client_of_the_unnamed_url_has_settings_of_its_own(spark, connect_url):
+    """Settings belong to a server session: a benchmark's peer (Spark batch SQL at Spark's
+    defaults) joining the engine's session would turn on adaptive execution in the engine's steps."""
+    other = SparkSession.builder.remote(unnamed(connect_url)).create()
+    try:
+        other.conf.set("spark.sql.adaptive.enabled", "true")
+        assert other.client._server_session_id != _server_session(connect_url)
+        assert spark.conf.get("spark.sql.adaptive.enabled") == "false"
+    finally:
+        other.stop()
+        spark.conf.set("spark.sql.adaptive.enabled", "false")
 
 
 def _live_clients() -> int:
