@@ -115,7 +115,6 @@ class StepRunner:
         # When set, a step whose every input is empty is known to change nothing: its outputs
         # are empty with these schemas, and it needs no planning.
         schemas = json.loads(store.get_meta(OUTPUT_SCHEMAS_KEY) or "null")
-        self._settings: dict[str, str] = {}
         self._empty_outputs = (
             {name: T.StructType.fromJson(s) for name, s in schemas.items()}
             if schemas is not None and all(n.operator.zero_preserving for n in circuit.nodes)
@@ -160,8 +159,12 @@ class StepRunner:
         # Spark's own shuffles (there should be none left after the exchanges) use one
         # partition per worker.
         interpreted = rows is not None and rows <= INTERPRETED_STEP_ROWS
-        self._configure(
-            {"spark.sql.shuffle.partitions": str(self.layout.workers), **(INTERPRETED if interpreted else COMPILED)}
+        # Set every step (one round trip): settings are the server session's, which every
+        # process on the embedded server and every pipeline of a step worker shares, so
+        # another's step may have changed them since this runner's last.
+        set_all(
+            self.spark,
+            {"spark.sql.shuffle.partitions": str(self.layout.workers), **(INTERPRETED if interpreted else COMPILED)},
         )
         if retracting is None:
             retracting = _retracting({name: full[name] for name in self.append_only})
@@ -221,13 +224,6 @@ class StepRunner:
             name: inputs[name] if name in inputs else empty(self.spark, schema)
             for name, schema in self.circuit.inputs.items()
         }
-
-    def _configure(self, settings: dict[str, str]) -> None:
-        """Sets those of ``settings`` that this runner has not set yet (a round trip)."""
-        changed = {key: value for key, value in settings.items() if self._settings.get(key) != value}
-        if changed:
-            set_all(self.spark, changed)
-            self._settings.update(changed)
 
 
 def _retracting(inputs: Mapping[str, DataFrame]) -> set[str]:
