@@ -14,29 +14,31 @@ def test_several_settings_are_one_round_trip_and_all_set(spark):
     assert {key: spark.conf.get(key) for key in settings} == settings
 
 
-def test_a_steps_settings_are_one_round_trip(spark):
-    c = Circuit("settings")
+def _one_row_step(spark, name: str):
+    """A runner of a one-filter circuit, and a step of one row for it of known size and
+    retractions (as a durable step's are): the settings are its only Config calls."""
+    c = Circuit(name)
     c.input("a", "k int, v int").filter(F.col("v") > 1).output("o")
     runner = StepRunner(c, spark, InMemoryStateStore(), workers=2)
     delta = from_rows(spark, [(1, 2, 1)], c.inputs["a"])
+    return lambda: runner.step({"a": delta}, retracting=[], rows=1)
+
+
+def test_a_steps_settings_are_one_round_trip(spark):
+    step = _one_row_step(spark, "settings")
     with round_trips(spark) as calls:
-        # The runner's first step (every setting is new to it), of known size and retractions
-        # (as a durable step's are): the settings are its only Config calls.
-        runner.step({"a": delta}, retracting=[], rows=1)
+        step()
     assert calls["Config"] == 1
 
 
 def test_every_step_sets_its_settings_again(spark):
     """The server session's settings are shared by every process and every pipeline on it:
     another's step between two of this runner's may have changed them."""
-    c = Circuit("resettings")
-    c.input("a", "k int, v int").filter(F.col("v") > 1).output("o")
-    runner = StepRunner(c, spark, InMemoryStateStore(), workers=2)
-    delta = from_rows(spark, [(1, 2, 1)], c.inputs["a"])
-    runner.step({"a": delta}, retracting=[], rows=1)
+    step = _one_row_step(spark, "resettings")
+    step()
     set_all(spark, {"spark.sql.shuffle.partitions": "5", **COMPILED})  # another pipeline's large step
     with round_trips(spark) as calls:
-        runner.step({"a": delta}, retracting=[], rows=1)
+        step()
     assert calls["Config"] == 1
     settings = {"spark.sql.shuffle.partitions": "2", **INTERPRETED}
     assert {key: spark.conf.get(key) for key in settings} == settings
