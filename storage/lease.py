@@ -124,6 +124,8 @@ class Lease:
 
 
 def _latest(table) -> LeaseRecord | None:
+    # One file since each write replaces the table's rows (a table whose writes appended
+    # them holds them all: the record with the highest token is the lease's).
     rows = dataset(table).to_table().to_pylist()
     if not rows:
         return None
@@ -131,12 +133,14 @@ def _latest(table) -> LeaseRecord | None:
 
 
 def _write(table, record: LeaseRecord) -> bool:
-    """Commits ``record`` on top of the version ``table`` was read at; False if another writer won."""
+    """Commits ``record`` on top of the version ``table`` was read at, as the table's only
+    row; False if another writer won.  Replaced, not appended: the latest version then has
+    one file to read however many runs a pipeline has had (the versions keep the history)."""
     try:
         write_deltalake(
             table,
             pa.Table.from_pylist([record.__dict__], schema=_SCHEMA),
-            mode="append",
+            mode="overwrite",
             commit_properties=CommitProperties(app_transactions=[Transaction("lease", table.version() + 1)]),
         )
     except CommitFailedError:

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from storage.errors import LeaseHeldError
-from storage.lease import Holder, Lease
+from storage.lease import Holder, Lease, LeaseRecord
+from storage.tables import open_table
 
 
 def race(root: str, contenders: int) -> tuple[list[tuple[str, int]], list[str]]:
@@ -30,9 +31,24 @@ def race(root: str, contenders: int) -> tuple[list[tuple[str, int]], list[str]]:
 @pytest.mark.slow
 def test_of_runs_racing_for_the_lease_exactly_one_wins(tmp_path):
     for trial in range(10):
-        won, refused = race(str(tmp_path / f"t{trial}"), 4)
+        root = str(tmp_path / f"t{trial}")
+        for _ in range(trial % 3):  # a new lease, and one held and released before
+            with Lease(root).held():
+                pass
+        won, refused = race(root, 4)
         assert len(won) == 1 and len(refused) == 3, (won, refused)
-        assert Lease(str(tmp_path / f"t{trial}")).current().holder == won[0][0]
+        assert Lease(root).current().holder == won[0][0]
+
+
+def test_the_lease_reads_one_file_however_many_runs_held_it(tmp_path):
+    lease = Lease(str(tmp_path))
+    tokens = []
+    for run in range(12):  # past a Delta checkpoint (every 10 commits)
+        with lease.held(Holder(f"run-{run}")) as token:
+            tokens.append(token)
+    assert tokens == sorted(set(tokens))
+    assert len(open_table(lease.uri).file_uris()) == 1
+    assert lease.current() == LeaseRecord(tokens[-1], "run-11", lease.current().since, lease.current().expires, True)
 
 
 def test_a_held_lease_names_its_holder_and_the_fix_and_is_free_once_its_run_is_gone(tmp_path):
