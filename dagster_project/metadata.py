@@ -30,7 +30,7 @@ def view_metadata(root: str, sink: str) -> dict:
 
 
 def step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dict:
-    rows_state, bytes_state = inspect.size(f"{pipeline.root}/state")
+    rows_state, bytes_state = pipeline.state.size()
     offsets = [
         f"| {step} | {r.source} | {r.partition} | {r.start} | {r.end} |"
         for step, ranges in pipeline.divisions.steps(first, last).items()

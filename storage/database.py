@@ -279,6 +279,16 @@ class DeltaStateStore(StateStore):
         rows = add_actions(self._pinned(table)).column("num_records").to_pylist()
         return None if None in rows else sum(rows)
 
+    def size(self) -> tuple[int, int]:
+        """(rows, bytes) of the state's tables at the versions it pins, by their files'
+        statistics: read from the handles a step kept, not by opening the tables again."""
+        rows = nbytes = 0
+        for table in self._tables:
+            files = add_actions(self._pinned(table))
+            rows += pc.sum(files.column("num_records")).as_py() or 0
+            nbytes += pc.sum(files.column("size_bytes")).as_py() or 0
+        return rows, nbytes
+
     def is_small(self, table: str) -> bool:
         if table not in self._tables:
             return False

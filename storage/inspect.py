@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from circuits.spark import aggregate_each
 from circuits.zset import WEIGHT
 
-from .delta import add_actions, delta_tables, read_files, table_schema
+from .delta import add_actions, read_files, table_schema
 from .logs import STEP, OutputLog, files_of_steps, step_rows
 from .tables import dataset, groupable, open_table, parquet_dataset
 
@@ -177,16 +177,6 @@ def dead_letters_of_steps(uri: str, first: int, last: int, reasons: int) -> dict
             first_reasons = [*first_reasons, f"partition {row['partition']} offset {row['offset']}: {row['reason']}"]
         found[row["topic"]] = (count + 1, first_reasons)
     return found
-
-
-def size(uri: str) -> tuple[int, int]:
-    """(rows, bytes) of the latest version of every Delta table under ``uri``."""
-    rows = nbytes = 0
-    for table in delta_tables(uri):
-        files = add_actions(open_table(table))
-        rows += sum(files.column("num_records").to_pylist())
-        nbytes += sum(files.column("size_bytes").to_pylist())
-    return rows, nbytes
 
 
 def count_each(queries: dict[K, DataFrame]) -> dict[K, int]:

@@ -50,6 +50,8 @@ def test_steps_from_kafka_through_dagster_equal_recomputation(spark_resource, sp
     assert metadata["rows_in/bids"].value == 100 * 46 // 50 + 30  # this step's bids and retractions
     assert metadata["steps_run"].value == 1 and metadata["seconds/compute_and_write"].value > 0
     assert "| 2 |" in metadata["input_offsets"].value
+    state = [open_table(uri) for uri in delta_tables(os.path.join(h.root, "state"))]
+    assert metadata["state_rows"].value == sum(t.to_pyarrow_table().num_rows for t in state) > 0
     # The current view, as a plain table: the same rows, and the materialization previews it.
     view = open_table(os.path.join(h.root, "views", "bids_by_category")).to_pyarrow_table()
     assert Counter(tuple(r.values()) for r in view.to_pylist()) == h.expected_revenue()
