@@ -40,6 +40,7 @@ from dagster import (
     sensor,
 )
 from dagster._core.storage.tags import PARTITION_NAME_TAG
+from deltalake import DeltaTable
 
 from gateway.control import call, require_running
 from sensors.division import DivisionPolicy, cut_next
@@ -220,25 +221,28 @@ def step_results(
 ) -> Iterator[MaterializeResult | AssetCheckResult]:
     """What a step run reports of steps ``first..=last`` once they are committed: each sink's
     materialization (see :func:`sink_metadata`) and its check (see :func:`check_results`)."""
-    for name, metadata in sink_metadata(spec, pipeline, first, last, ran).items():
+    current = views.views_at(pipeline.root, spec.views, last)
+    for name, metadata in sink_metadata(spec, pipeline, first, last, ran, current).items():
         yield MaterializeResult(asset_key=keys[name], metadata=metadata)
     sets = {name: name not in spec.bags for name in keys}
     rates = dead_letter_rates(pipeline.root, spec.sources, first, last)
     loud = [r for r in rates if r.too_high(spec.max_dead_letter_share)]
     dead = {name: [r for r in loud if r.handle in spec.view_sources(name)] for name in keys}
-    current = views.views_at(pipeline.root, spec.views, last)
     yield from check_results(keys, inspect.check_outputs(pipeline.outputs, sets, first, last, current), dead)
 
 
-def sink_metadata(spec: PipelineSpec, pipeline: Pipeline, first: int, last: int, ran: range) -> dict[str, dict]:
+def sink_metadata(
+    spec: PipelineSpec, pipeline: Pipeline, first: int, last: int, ran: range, current: dict[str, DeltaTable]
+) -> dict[str, dict]:
     """Per sink, its materialization's metadata for steps ``first..=last``: the steps' own
-    (:func:`~.metadata.step_metadata`), the rows the sink's changes have, and its view's."""
+    (:func:`~.metadata.step_metadata`), the rows the sink's changes have, and its view's
+    (``current``: the views as of step ``last``, see :func:`storage.views.views_at`)."""
     shared = step_metadata(pipeline, first, last, ran)
     return {
         name: {
             **shared,
             "rows_out": MetadataValue.int(inspect.rows_of_steps(output_uri(pipeline.root, name), first, last)),
-            **(view_metadata(pipeline.root, name) if name in spec.views else {}),
+            **(view_metadata(pipeline.root, name, last, current.get(name)) if name in spec.views else {}),
         }
         for name in spec.sink_names
     }
@@ -254,7 +258,8 @@ def record_committed(instance, spec: PipelineSpec, pipeline: Pipeline, ran: rang
     partitions = f"{spec.name}_steps"
     existing = set(instance.get_dynamic_partitions(partitions))
     instance.add_dynamic_partitions(partitions, [step_key(s) for s in ran if step_key(s) not in existing])
-    metadata = sink_metadata(spec, pipeline, ran.start, ran.stop - 1, ran)
+    last = ran.stop - 1
+    metadata = sink_metadata(spec, pipeline, ran.start, last, ran, views.views_at(pipeline.root, spec.views, last))
     for step in ran:
         for name, values in metadata.items():
             instance.report_runless_asset_event(

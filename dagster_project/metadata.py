@@ -2,6 +2,7 @@
 sensor asks of the source gateway before a cut (its flush) and shows of its figures."""
 
 from dagster import MetadataValue
+from deltalake import DeltaTable
 
 from gateway.control import flush_running
 from gateway.errors import GatewayError
@@ -15,16 +16,20 @@ from .config import home
 PREVIEW_ROWS = 10
 
 
-def view_metadata(root: str, sink: str) -> dict:
-    """The view's row count and its first rows (a markdown table), as of the latest
-    committed step, read by delta-rs from the file statistics and the first file(s)."""
+def view_metadata(root: str, sink: str, step: int, table: DeltaTable | None) -> dict:
+    """The view's row count and its first rows (a markdown table), as of committed step
+    ``step`` (``table``: the view at that step's version, when the run has it open) or
+    else the latest, read by delta-rs from the file statistics and the first file(s)."""
     try:
-        snapshot = views.read_view(root, sink, limit=PREVIEW_ROWS)
+        if table is None:
+            shown = views.read_view(root, sink, limit=PREVIEW_ROWS)
+        else:
+            shown = views.snapshot(sink, step, table, limit=PREVIEW_ROWS)
     except ViewError as e:  # the step's materialization stands; the view's problem is shown
         return {"view_error": MetadataValue.text(str(e))}
     return {
-        "view_rows": MetadataValue.int(snapshot.rows),
-        "view_preview": MetadataValue.md(views.markdown(snapshot)),
+        "view_rows": MetadataValue.int(shown.rows),
+        "view_preview": MetadataValue.md(views.markdown(shown)),
         "view_table": MetadataValue.path(views.view_uri(root, sink)),
     }
 

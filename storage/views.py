@@ -415,19 +415,18 @@ def read_view(root: str, sink: str, step: int | None = None, limit: int | None =
     naming what exists when there is no such view, step or retained version."""
     _, committed, meta = latest_checkpoint(root)
     uri = view_uri(root, sink)
-    if open_table(uri) is None:
+    version = json.loads(meta.get(VIEWS_KEY, "{}")).get(sink) if step is None else None
+    table = open_table(uri, version)
+    if table is None:
         raise ViewError(f"sink {sink!r} has no current view at {uri} (views exist for: {sorted(list_views(root))})")
     if committed == 0:
         raise ViewError(f"view {sink!r}: no step of the pipeline at {root} is committed yet")
     if step is not None and not 0 <= step < committed:
         raise ViewError(f"view {sink!r}: step {step} is not committed; the committed steps are 0..{committed - 1}")
     at = committed - 1 if step is None else step
-    version = json.loads(meta.get(VIEWS_KEY, "{}")).get(sink) if step is None else None
     if version is None:
-        version = _version_of_step(uri, sink, at, committed)
-    table = open_table(uri, version)
-    files = table.file_uris()
-    if not all(map(location.exists, files)):
+        table = open_table(uri, _version_of_step(uri, sink, at, committed))
+    if not all(map(location.exists, table.file_uris())):
         kept = sorted(
             s
             for s, v in step_versions(uri).items()
@@ -437,9 +436,14 @@ def read_view(root: str, sink: str, step: int | None = None, limit: int | None =
             f"view {sink!r}: step {at} was removed by vacuum, which keeps the view at the steps of the retained "
             f"checkpoints and the latest one; readable steps: {kept}"
         )
+    return snapshot(sink, at, table, limit)
+
+
+def snapshot(sink: str, step: int, table: DeltaTable, limit: int | None = None) -> ViewSnapshot:
+    """Sink ``sink``'s view as of step ``step``, ``table`` at the version that holds it."""
     rows = sum(n or 0 for n in add_actions(table).column("num_records").to_pylist())
     data = dataset(table)
-    return ViewSnapshot(sink, at, version, rows, data.to_table() if limit is None else data.head(limit))
+    return ViewSnapshot(sink, step, table.version(), rows, data.to_table() if limit is None else data.head(limit))
 
 
 def views_at(root: str, sinks: Iterable[str], step: int) -> dict[str, DeltaTable]:
