@@ -10,8 +10,12 @@ For every run, from the instance's run records: queue wait (created to started) 
 (started to ended); launch to success is their sum.  The engine's time is the step's own
 phases, as the run's materialization reports them (``seconds/*``: ingest, compute and
 write, commits), measured inside the warm worker: launch to success minus it is what
-Dagster and the launch add.  The worker's resident memory (VmRSS) is read after the
-warm-up and at the end.
+Dagster and the launch add; where it goes is shown by the run's events (the median seconds
+before each kind of event, a log message by its first words: before "running steps" the
+pipeline is found and its lease taken, before "ran steps" the steps run and the lease is
+released, before the first STEP_OUTPUT the materializations' metadata is read).  The worker's resident memory
+(VmRSS) is read after the warm-up and at the end, and with ``--memory-every N`` every N
+runs, with those runs' figures.
 
     python bench/dagster_launch.py --events 1000 --steps 5 --warmup 3
     python bench/dagster_launch.py --events 1 --steps 990 --warmup 10 --memory-every 100  # a leak
@@ -141,7 +145,8 @@ class Served:
                 queued = record.start_time - record.create_timestamp.timestamp()
                 phases = self._phases(record)
                 run = record.end_time - record.start_time
-                return {"queue": queued, "run": run, "engine": sum(phases.values()), "phases": phases}
+                gaps = self._gaps(record)
+                return {"queue": queued, "run": run, "engine": sum(phases.values()), "phases": phases, "gaps": gaps}
             time.sleep(0.2)
         raise RuntimeError(f"no run of {job} succeeded within {TIMEOUT:g} s; see {self.log.name}")
 
@@ -152,6 +157,19 @@ class Served:
         return {
             key.removeprefix("seconds/"): value.value for key, value in metadata.items() if key.startswith("seconds/")
         }
+
+    def _gaps(self, record) -> dict[str, float]:
+        """The run's seconds by the event that ended them: for each event type, the sum of
+        the time from the event before each of its events (a log message counts by its first
+        two words after the pipeline's name), from the run's creation on."""
+        gaps: dict[str, float] = {}
+        last = record.create_timestamp.timestamp()
+        for entry in self.instance.all_logs(record.dagster_run.run_id):
+            words = entry.user_message.split(": ", 1)[-1].split()[:2]
+            kind = entry.dagster_event.event_type_value if entry.dagster_event else f"log '{' '.join(words)}'"
+            gaps[kind] = gaps.get(kind, 0.0) + entry.timestamp - last
+            last = entry.timestamp
+        return gaps
 
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGINT)
@@ -173,6 +191,14 @@ def line(name: str, samples: list[dict]) -> str:
         f" (each {totals[0]:.2f}..{totals[-1]:.2f}); engine {engine:.2f} s; launch to success - engine"
         f" {queue + run - engine:.2f} s; launch to success / engine {ratio:.2f}x"
     )
+
+
+def breakdown(samples: list[dict], top: int = 12) -> str:
+    """The runs' median seconds by the event that ended them, the largest first."""
+    kinds = {kind for s in samples for kind in s["gaps"]}
+    medians = {kind: statistics.median(s["gaps"].get(kind, 0.0) for s in samples) for kind in kinds}
+    largest = sorted(medians.items(), key=lambda item: -item[1])[:top]
+    return "  up to: " + ", ".join(f"{kind} {seconds:.3f}" for kind, seconds in largest)
 
 
 def main() -> None:
@@ -198,7 +224,10 @@ def main() -> None:
                 runs += 1
                 if args.memory_every and runs % args.memory_every == 0:
                     print(f"step worker memory after {runs} runs: {served.worker_rss() / 2**20:.0f} MiB", flush=True)
-            lines.append(line(f"step run, {events} events", steps))
+                    window = steps[-args.memory_every :]
+                    print(line(f"runs {runs - len(window) + 1}..{runs}", window), flush=True)
+                    print(breakdown(window), flush=True)
+            lines += [line(f"step run, {events} events", steps), breakdown(steps)]
         last = served.worker_rss()
         lines.append(
             f"step worker memory: {last / 2**20:.0f} MiB after {runs} runs"
