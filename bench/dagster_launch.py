@@ -13,9 +13,9 @@ write, commits), measured inside the warm worker: launch to success minus it is 
 Dagster and the launch add; where it goes is shown by the run's events (the median seconds
 before each kind of event, a log message by its first words: before "running steps" the
 pipeline is found and its lease taken, before "ran steps" the steps run and the lease is
-released, before the first STEP_OUTPUT the materializations' metadata is read).  The worker's resident memory
-(VmRSS) is read after the warm-up and at the end, and with ``--memory-every N`` every N
-runs, with those runs' figures.
+released, before the first STEP_OUTPUT the materializations' metadata is read).  The
+worker's resident memory (VmRSS) is read after the warm-up and at the end, and with
+``--memory-every N`` every N runs, with those runs' figures.
 
     python bench/dagster_launch.py --events 1000 --steps 5 --warmup 3
     python bench/dagster_launch.py --events 1 --steps 990 --warmup 10 --memory-every 100  # a leak
@@ -165,8 +165,7 @@ class Served:
         gaps: dict[str, float] = {}
         last = record.create_timestamp.timestamp()
         for entry in self.instance.all_logs(record.dagster_run.run_id):
-            words = entry.user_message.split(": ", 1)[-1].split()[:2]
-            kind = entry.dagster_event.event_type_value if entry.dagster_event else f"log '{' '.join(words)}'"
+            kind = entry.dagster_event.event_type_value if entry.dagster_event else log_kind(entry.user_message)
             gaps[kind] = gaps.get(kind, 0.0) + entry.timestamp - last
             last = entry.timestamp
         return gaps
@@ -191,6 +190,11 @@ def line(name: str, samples: list[dict]) -> str:
         f" (each {totals[0]:.2f}..{totals[-1]:.2f}); engine {engine:.2f} s; launch to success - engine"
         f" {queue + run - engine:.2f} s; launch to success / engine {ratio:.2f}x"
     )
+
+
+def log_kind(message: str) -> str:
+    """A run's log message by its first two words after the pipeline's name."""
+    return f"log '{' '.join(message.split(': ', 1)[-1].split()[:2])}'"
 
 
 def breakdown(samples: list[dict], top: int = 12) -> str:
