@@ -43,7 +43,13 @@ def _binaries() -> str:
 
 def _as_server_user(command: list[str]) -> list[str]:
     """PostgreSQL refuses to run as root: as root, the command runs as Debian's ``postgres``."""
-    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+    if os.geteuid() != 0:
+        return command
+    # Debian keeps runuser in /usr/sbin, which a stripped PATH (env -i, cron) leaves out.
+    runuser = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
+    if runuser is None:
+        raise RuntimeError("runuser not found on PATH or in /usr/sbin: apt-get install util-linux")
+    return [runuser, "-u", "postgres", "--", *command]
 
 
 @contextmanager
