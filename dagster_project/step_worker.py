@@ -318,6 +318,11 @@ def _end_now(signum: int, _frame) -> None:
 def main() -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _end_now)
+    # Read by Arrow's allocator (mimalloc) when pyarrow loads, below.  It asks the kernel for
+    # transparent huge pages on its arena, which the kernel's khugepaged then fills in, 2 MiB
+    # around each page in use: in this long-lived process, resident memory that grew for
+    # hundreds of runs (bench/RESULTS.md).  A value the user set is kept.
+    os.environ.setdefault("MIMALLOC_ALLOW_THP", "0")
     from .factory import keep_pipelines_open  # the worker's own imports: Spark and the engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
