@@ -5,6 +5,8 @@ import pytest
 from circuits.daemon import free_port
 from circuits.spark import connect_server, local_session, remote_session, stop_connect_server
 
+pytest_plugins = ["tests.hung"]
+
 CLASSIC = "DBSP_TEST_CLASSIC"
 """Set (to anything) to run the tests on a classic in-process session instead of Spark
 Connect.  One process cannot hold both kinds: PySpark picks the kind of its columns and
@@ -63,22 +65,3 @@ def s3():
 
     with s3_server() as server:
         yield server
-
-
-_hung: list[str] = []  # a test of this process that pytest-timeout stopped
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
-    if call.excinfo is not None and "from pytest-timeout" in str(call.excinfo.value):
-        _hung.append(item.nodeid)
-    return report
-
-
-def pytest_runtest_setup(item):
-    """After a test hung (``timeout`` in pyproject.toml; its report holds every thread's stack),
-    the threads it left stuck would hold up the tests after it in this process: they are
-    skipped, naming it, and the run fails by it."""
-    if _hung:
-        pytest.skip(f"{_hung[0]} hung in this test process")
