@@ -567,7 +567,9 @@ def _python_pass(
     left = records.select(*[stamp if n == "timestamp" else n for n in _LEFT_SCHEMA.names])
     decoded = map_in_arrow(left, partial(_decode_tasks, fields, taken), _RAW_SCHEMA, _LEFT_SCHEMA.names)
     try:
-        decoded = decoded.localCheckpoint(eager=False)  # planning asks the broker for the offsets
+        # Eager, as the engine's shared frames are (see circuits.context.StepContext.share):
+        # the step's planners run jobs over these rows at once.
+        decoded = decoded.localCheckpoint(eager=True)
     except Exception as error:
         raise failed(error) or error from error
     cached.append(decoded)
