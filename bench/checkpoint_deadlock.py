@@ -11,13 +11,14 @@ for each other forever, and every later call of the session queues behind them.
 
 Per round, a new frame of ``--rows`` rows is checkpointed (lazily, or eagerly: computed by
 a job of its own before anything reads it), then ``--threads`` threads at once each plan a
-broadcast join of a slice of it (whose broadcast runs a job over the frame).  Each mode runs
-``--rounds`` rounds, eager first, on one Spark Connect server started for the run; a round
-that does not end within ``--wait`` seconds is a hang, and the server's threads are dumped
-(``jstack``) to name the deadlock.  Prints per mode the rounds run, the median seconds of a
+broadcast join of a slice of it (whose broadcast runs a job over the frame).  Each of
+``--modes`` runs ``--rounds`` rounds, on one Spark Connect server started for the run; a
+round that does not end within ``--wait`` seconds is a hang, and the server's threads are
+dumped (``jstack``) to name the deadlock.  Prints per mode the rounds run, the median seconds of a
 round, and the hang, if any.
 
     python bench/checkpoint_deadlock.py --rounds 1000
+    python bench/checkpoint_deadlock.py --rounds 5000 --modes lazy
 """
 
 from __future__ import annotations
@@ -74,14 +75,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=12)
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--wait", type=float, default=60.0)
+    parser.add_argument("--modes", nargs="+", default=["eager", "lazy"], choices=["eager", "lazy"])
     args = parser.parse_args()
     state_dir, port = tempfile.mkdtemp(prefix="dbsp-deadlock-"), free_port()
     spark = remote_session(connect_server(state_dir, port, driver_memory="2g"))
     pool = ThreadPoolExecutor(args.threads)
     try:
-        for eager in (True, False):
-            line, hung = rounds(spark, pool, args, eager)
-            print(f"{'eager' if eager else 'lazy'} checkpoint, {args.threads} threads: {line}", flush=True)
+        for mode in args.modes:
+            line, hung = rounds(spark, pool, args, eager=mode == "eager")
+            print(f"{mode} checkpoint, {args.threads} threads: {line}", flush=True)
             if hung:
                 print(deadlock(state_dir, port), flush=True)
                 break
