@@ -88,13 +88,14 @@ class StepContext:
     def share(self, df: DataFrame, empty: bool) -> DataFrame:
         """``df`` computed once for the rest of the step: a leaf that later plans refer to
         instead of copying ``df``'s plan (whose analysis, planning and broadcasts would
-        then be paid once per copy).  Its rows are computed now, by a job of their own, and
-        kept in the executors until :meth:`release`; losing an executor fails the step,
-        which is then run again from the checkpoint.  Not by the first job that needs them
-        (a lazy checkpoint): the step's planners run jobs over a shared frame at once, and
-        Spark deadlocks when one job marks a frame checkpointed while the scheduler submits
-        another over it (``RDDCheckpointData.checkpoint`` and ``DAGScheduler.getCacheLocs``
-        take the same two locks in opposite orders).  In a :attr:`single` step
+        then be paid once per copy).  Its rows are computed now, by a job of their own, not
+        by the first job that needs them (a lazy checkpoint): the step's planners run jobs
+        over a shared frame at once, and Spark deadlocks when one job marks a frame
+        checkpointed while the scheduler submits another over it
+        (``RDDCheckpointData.checkpoint`` and ``DAGScheduler.getCacheLocs`` take the same
+        two locks in opposite orders).  They are kept in the executors until
+        :meth:`release`; losing an executor loses them and fails the step, which the
+        pipeline then runs again.  In a :attr:`single` step
         the leaf is marked as the one partition it is (Spark cannot know a checkpoint's
         partitioning), so joins and groupings over it need no exchange.
 

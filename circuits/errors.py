@@ -11,6 +11,7 @@ Spark's own exception; :func:`raised_on_executor` recovers it there.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 
 class DbspError(Exception):
@@ -47,12 +48,7 @@ def raised_on_executor(error: BaseException, *kinds: type[DbspError]) -> DbspErr
     text of every exception in its chain is searched), or None.  Spark passes an
     executor's Python exception on as text, ``<module>.<Name>: <message>``: the first such
     line of a class in ``kinds`` gives the error, with that message."""
-    texts, seen, e = [], set(), error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        texts.append(str(e))
-        e = e.__cause__ or e.__context__
-    text = "\n".join(texts)
+    text = "\n".join(str(e) for e in chain(error))
     found = [
         (m.start(), kind, m.group(1)) for kind in kinds for m in [re.search(rf"\b{kind.__name__}: (.*)", text)] if m
     ]
@@ -60,3 +56,19 @@ def raised_on_executor(error: BaseException, *kinds: type[DbspError]) -> DbspErr
         return None
     _, kind, message = min(found, key=lambda f: f[0])
     return kind(message.strip())
+
+
+def lost_with_an_executor(error: BaseException) -> bool:
+    """Whether ``error`` (or an exception of its chain) is Spark's failure to find the rows
+    of a local checkpoint (a step's shared frame) that a lost executor held: unlike a lost
+    shuffle's, Spark cannot compute them again, but the step can be run again."""
+    return any("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in str(e) for e in chain(error))
+
+
+def chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then each exception it was raised from or while handling, once each."""
+    seen, e = set(), error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from . import operators as ops
 from .circuit import Circuit, Node, Source
-from .errors import RecordError
+from .errors import RecordError, chain
 from .spark import aggregate_each
 from .zset import add, with_weight_schema
 
@@ -64,15 +64,14 @@ class Culprit:
 def data_error(error: BaseException) -> PySparkException | None:
     """The Spark data exception (SQLSTATE class 22: a cast, a division, an overflow, a
     datetime) in ``error``'s chain of causes, or None."""
-    seen, e = set(), error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        # Raised where Spark waits on another thread (a broadcast), the exception comes as
-        # an unknown one, its SQLSTATE only in its text.
-        if isinstance(e, PySparkException) and _DATA_EXCEPTION.search(f"SQLSTATE: {e.getSqlState()} {e}"):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
+    # Raised where Spark waits on another thread (a broadcast), the exception comes as an
+    # unknown one, its SQLSTATE only in its text.
+    found = (
+        e
+        for e in chain(error)
+        if isinstance(e, PySparkException) and _DATA_EXCEPTION.search(f"SQLSTATE: {e.getSqlState()} {e}")
+    )
+    return next(found, None)
 
 
 _DATA_EXCEPTION = re.compile(r"SQLSTATE: 22\w{3}")

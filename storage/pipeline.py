@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import threading
 import time
@@ -32,6 +33,7 @@ from pyspark.sql.types import StructType
 
 from circuits import layouts
 from circuits.circuit import Circuit
+from circuits.errors import lost_with_an_executor
 from circuits.klogs import KLogsCircuit
 from circuits.records import culprits, data_error, record_error, without
 from circuits.runner import StepResult, StepRunner
@@ -460,6 +462,10 @@ class Pipeline:
 
 
 RUN, PAUSE, PAUSED, STOP, STOPPED = "run", "pause", "paused", "stop", "stopped"
+LOST_EXECUTOR_RUNS = 3
+"""Runs of a step that may each fail by losing rows with a Spark executor (a step's shared
+frames are local checkpoints, which Spark cannot compute again) before the step fails."""
+_log = logging.getLogger(__name__)
 
 
 class Worker:
@@ -523,6 +529,7 @@ class Worker:
             runner = StepRunner(pipeline.circuit, pipeline.spark, pipeline.state, workers=pipeline.workers)
             pipeline.outputs.discard_replayed()
             first = step = pipeline.state.get_step()
+            lost = 0  # runs of this step that lost rows with an executor
             while True:
                 with self._cond:
                     if self._state[0] == PAUSE:
@@ -539,8 +546,16 @@ class Worker:
                         step_input = pipeline.inputs.read(step, timeout=self.poll, cancel=self._token)
                 except (CancelledError, InputTimeoutError):
                     continue  # look at the state again
-                with pipeline.timed("compute_and_write"):
-                    pipeline.compute(step, runner, step_input)
+                try:
+                    with pipeline.timed("compute_and_write"):
+                        pipeline.compute(step, runner, step_input)
+                except Exception as e:
+                    lost += 1
+                    if not lost_with_an_executor(e) or lost == LOST_EXECUTOR_RUNS:
+                        raise
+                    _log.warning("step %d lost rows with a Spark executor; running it again (%s)", step, e)
+                    continue  # its input read again from the log: the rows kept for it may be gone too
+                lost = 0
                 with pipeline.timed("output_commit"):
                     pipeline.outputs.write(step, pipeline.state.written_outputs)
                 failpoint("after_output", step)

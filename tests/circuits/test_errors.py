@@ -16,6 +16,7 @@ from circuits import (
     agg,
     from_rows,
 )
+from circuits.errors import lost_with_an_executor
 
 
 def counting_circuit() -> Circuit:
@@ -98,3 +99,18 @@ def test_bad_circuits_are_refused_when_built(build, message):
     s = c.input("words", "word string, n bigint")
     with pytest.raises(CircuitDefinitionError, match=message):
         build(c, s)
+
+
+def test_rows_lost_with_an_executor_are_told_from_other_failures_anywhere_in_the_chain():
+    def raised(outer: Exception, inner: Exception) -> Exception:
+        try:
+            try:
+                raise inner
+            except Exception as e:
+                raise outer from e
+        except Exception as e:
+            return e
+
+    lost = RuntimeError("[CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint block rdd_50_0 not found! Either the executor")
+    assert lost_with_an_executor(raised(ValueError("writing tables ['output:v'] failed"), lost))
+    assert not lost_with_an_executor(raised(ValueError("writing tables failed"), RuntimeError("[DIVIDE_BY_ZERO]")))
