@@ -63,6 +63,10 @@ class StepContext:
     shared: list[DataFrame] = field(default_factory=list)
     asked: dict[str, Asked] = field(default_factory=dict)
     """The keys of the step's lookups into large traces, by lookup (see :meth:`NodeContext.lookup`)."""
+    waited: dict[str, list[DataFrame]] = field(default_factory=dict)
+    """What each node that waited for keys had shared before it waited, by label: planned
+    again, it shares the same frames first, in the same order (no lookup had waited before
+    them), and reads these instead of computing them again."""
     found_nothing: list[DataFrame] = field(default_factory=list)
     """Lookup results known to hold no rows: their trace does not exist yet (a pipeline's
     first step, a load).  :meth:`share` passes them on as they are."""
@@ -167,6 +171,8 @@ class NodeContext:
     is dropped, and it is planned again once its layer's keys are collected."""
     looked_up: Counter = field(default_factory=Counter)
     """Lookups planned so far, by trace: names a lookup the same in every planning."""
+    shares: list[DataFrame] = field(default_factory=list)
+    """The frames shared so far in this planning (see :attr:`StepContext.waited`)."""
 
     def is_empty(self, i: int) -> bool:
         """Whether input ``i``'s delta is known to be empty this step."""
@@ -190,8 +196,19 @@ class NodeContext:
     def share(self, df: DataFrame) -> DataFrame:
         """See :meth:`StepContext.share`: for a frame the node reads in several terms, each
         of which would otherwise compute it again (a lookup: broadcast its keys, scan the trace).
-        A :attr:`deferred` node's frames are dropped: they are not computed."""
-        return df if self.deferred else self.step.share(df, self.empty)
+        Once the node is :attr:`deferred`, its frames are not computed: they are dropped."""
+        if self.deferred:
+            return df
+        earlier = self.step.waited.get(self.label, ())
+        n = len(self.shares)
+        self.shares.append(earlier[n] if n < len(earlier) else self.step.share(df, self.empty))
+        return self.shares[-1]
+
+    def wait(self) -> None:
+        """Drops what the node staged: it is planned again once its keys are collected,
+        and then reads the frames it shared so far (see :attr:`StepContext.waited`)."""
+        self.step.unstage(self.label)
+        self.step.waited[self.label] = self.shares
 
     def keyed(self, df: DataFrame, keys: Sequence[str]) -> DataFrame:
         """``df`` with the vnode of ``keys``, routed to the worker owning it."""

@@ -6,8 +6,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from circuits import agg
-from circuits.circuit import PLANNERS, Circuit, _InOrder
-from circuits.context import StepContext
+from circuits.circuit import ONCE_CHAIN, PLANNERS, Circuit, _InOrder
+from circuits.context import NodeContext, StepContext
 
 RUNNING = ("run", "sum(v)", "ORDER BY o")
 
@@ -24,7 +24,7 @@ def _once(circuit: Circuit, stream) -> bool:
     return circuit._planned_once()[stream.node]
 
 
-def test_a_stateful_delta_written_alone_or_through_one_projection_is_planned_once():
+def test_a_stateful_delta_written_alone_or_through_a_short_chain_of_projections_is_planned_once():
     circuit, windowed = _window(outputs=1)
     assert _once(circuit, windowed)
     circuit, windowed = _window()
@@ -32,6 +32,12 @@ def test_a_stateful_delta_written_alone_or_through_one_projection_is_planned_onc
     assert _once(circuit, windowed)
     circuit, windowed = _window()
     windowed.filter("run > 0").output("view")
+    assert _once(circuit, windowed)
+    circuit, windowed = _window()  # the SQL compiler puts a few projections before a view's output
+    chained = windowed
+    for _ in range(ONCE_CHAIN // 2):
+        chained = chained.select("k", "run").filter("run > 0")
+    chained.output("view")
     assert _once(circuit, windowed)
 
 
@@ -43,14 +49,22 @@ def test_a_stateful_delta_copied_into_several_plans_or_deeper_is_shared():
     windowed.select("k").output("a")
     windowed.select("run").output("b")
     assert not _once(circuit, windowed)
-    circuit, windowed = _window()  # a chain of projections would nest the plan deeper
-    windowed.select("k", "run").filter("run > 0").output("view")
+    circuit, windowed = _window()  # a chain longer than ONCE_CHAIN would nest the plan too deep
+    chained = windowed
+    for _ in range(ONCE_CHAIN + 1):
+        chained = chained.select("k", "run")
+    chained.output("view")
     assert not _once(circuit, windowed)
     circuit, windowed = _window()  # read by an operator that may read its input in several terms
     windowed.group_by("k").agg(total=agg.sum("run")).output("view")
     assert not _once(circuit, windowed)
     circuit, windowed = _window()  # a projection read by another operator
     windowed.select("k", "run").group_by("k").agg(total=agg.sum("run")).output("view")
+    assert not _once(circuit, windowed)
+    circuit, windowed = _window()  # a chain ending in a projection that is also written
+    middle = windowed.select("k", "run")
+    middle.output("a")
+    middle.select("k").output("b")
     assert not _once(circuit, windowed)
 
 
@@ -112,3 +126,25 @@ def test_nodes_staging_and_unstaging_in_threads_at_once():
         sys.setswitchinterval(interval)
     assert not failed
     assert step.staged == {}
+
+
+class _CountingStep(StepContext):
+    """A step whose shared frames are names, counted as they are computed."""
+
+    def share(self, df, empty):
+        self.shared.append(df)
+        return f"shared {df}"
+
+
+def test_a_node_planned_again_after_waiting_for_keys_reads_what_it_shared_before_it_waited():
+    step = _CountingStep(None, None, None, {})
+    first = NodeContext(step, "n1_aggregate")
+    assert first.share("before") == "shared before"
+    first.deferred = True  # a lookup asked for keys not collected yet
+    assert first.share("after") == "after"  # dropped, not computed
+    first.wait()
+    again = NodeContext(step, "n1_aggregate")
+    assert again.share("before, planned again") == "shared before"
+    assert again.share("after") == "shared after"
+    assert step.shared == ["before", "after"]  # each computed once
+    assert NodeContext(step, "n2_join").share("other") == "shared other"  # another node's are its own
