@@ -35,10 +35,6 @@ PLANNERS = 4
 """Nodes planned at once: each mostly waits on the Spark server."""
 _PLANNER_POOL = ThreadPoolExecutor(PLANNERS, thread_name_prefix="dbsp-plan")
 """One pool for the process's steps over Spark Connect (a planning task never waits on another)."""
-ONCE_CHAIN = 4
-"""How many projections and filters a stateful node's delta may go through, unshared, into
-the one plan that writes it (see :meth:`Circuit._plan_node`): each nests that plan a
-relation deeper, and Spark's analyzer gives up on a plan nested about a hundred deep."""
 
 
 class _InOrder(Executor):
@@ -243,21 +239,21 @@ class Circuit:
 
     def _planned_once(self) -> dict[int, bool]:
         """Per node, whether its delta's plan goes into one plan only, not much deeper: the
-        write of an output no operator reads, or, through a chain of at most
-        :data:`ONCE_CHAIN` operators that each
-        :attr:`~circuits.operators.base.Operator.reads_once`, of such an output."""
+        write of an output no operator reads, or, through one operator that
+        :attr:`~circuits.operators.base.Operator.reads_once`, of such an output.  (A longer
+        chain would nest plans deeper than a Spark Connect client can send.)"""
         outputs = Counter(self.outputs.values())
         readers = self._readers()
 
-        def once(i: int, through: int) -> bool:
-            if outputs[i] == 1 and not readers[i]:
-                return True
-            if through == 0 or outputs[i] or len(readers[i]) != 1:
-                return False
-            reader = readers[i][0]
-            return reader.operator.reads_once and once(reader.id, through - 1)
+        def written_only(i: int) -> bool:
+            return outputs[i] == 1 and not readers[i]
 
-        return {node.id: once(node.id, ONCE_CHAIN) for node in self.nodes}
+        def through_one(i: int) -> bool:
+            if outputs[i] or len(readers[i]) != 1:
+                return False
+            return readers[i][0].operator.reads_once and written_only(readers[i][0].id)
+
+        return {node.id: written_only(node.id) or through_one(node.id) for node in self.nodes}
 
     def _plan_node(
         self,
