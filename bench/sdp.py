@@ -11,6 +11,11 @@ round, the next ``--events`` events: produced to the embedded broker, where the 
 sensor cuts a step and launches its run (``bench/dagster_launch.py``), and appended as
 one more Parquet file per input for SDP, which then runs once (it truncates and
 recomputes every materialized view).  ``--warmup`` rounds come first, unrecorded.
+``--warm-steps`` steps of ours (with no SDP run) before them bring the step worker's Spark
+server to the steady state of a long-lived one: its JVM compiles the planner's code as
+it runs it, and on 2 cores a 1,000-event step takes about 40 steps to settle (a fresh
+server's first steps take 2-3x a settled one's).  SDP's side is a new server each run, as
+``spark-pipelines run`` is.
 
 Reported per side: ours, launch to success (queue wait + run, from Dagster's run
 records) and the run alone; SDP, the wall time of the ``spark-pipelines run`` process
@@ -161,6 +166,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1000, help="events added per run")
     parser.add_argument("--runs", type=int, default=3, help="recorded rounds (one run of each side)")
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first")
+    parser.add_argument("--warm-steps", type=int, default=0, help="steps of ours alone before the rounds")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="dbsp-sdp-")
     data = os.path.join(root, "data")
@@ -178,8 +184,13 @@ def main() -> None:
     served = Served(root, args.events, broker, spark)
     ours, sdp = [], []
     try:
+        for i in range(args.warm_steps):
+            served.step(args.events, shifted(args.state))
+            print(f"warm step {i + 1} of {args.warm_steps}", end="\r", flush=True)
+        if args.warm_steps:  # SDP's input gets the same events, in one file per input
+            write_events(data, args.state, args.warm_steps * args.events)
         for i in range(args.warmup + args.runs):
-            first = args.state + i * args.events
+            first = args.state + (args.warm_steps + i) * args.events
             step = served.step(args.events, shifted(args.state))
             write_events(data, first, args.events)
             run = run_sdp(args.sdp_python, spec, os.path.join(root, f"sdp-{i}.log"))
@@ -191,7 +202,10 @@ def main() -> None:
     finally:
         served.stop()
     launch = [s["queue"] + s["run"] for s in ours]
-    print(f"{args.state:,} events of state, +{args.events:,} per run, {args.runs} rounds after {args.warmup} warm-up")
+    print(
+        f"{args.state:,} events of state, +{args.events:,} per run, {args.runs} rounds after {args.warmup} warm-up"
+        f" and {args.warm_steps} warm steps of ours"
+    )
     print(f"  ours, launch to success     {spread(launch)}")
     print(f"  ours, the run alone         {spread([s['run'] for s in ours])}")
     for phase in ours[0]["phases"]:
