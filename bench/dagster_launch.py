@@ -143,20 +143,27 @@ class Served:
             if new and new[0].dagster_run.status == DagsterRunStatus.SUCCESS:
                 record = new[0]
                 queued = record.start_time - record.create_timestamp.timestamp()
-                phases = self._phases(record)
+                metadata = self._metadata(record)
+                phases = {k.removeprefix("seconds/"): v for k, v in metadata.items() if k.startswith("seconds/")}
+                rows = sum(v for k, v in metadata.items() if k.startswith("rows_in/"))
                 run = record.end_time - record.start_time
                 gaps = self._gaps(record)
-                return {"queue": queued, "run": run, "engine": sum(phases.values()), "phases": phases, "gaps": gaps}
+                return {
+                    "queue": queued,
+                    "run": run,
+                    "engine": sum(phases.values()),
+                    "phases": phases,
+                    "rows_in": rows,
+                    "gaps": gaps,
+                }
             time.sleep(0.2)
         raise RuntimeError(f"no run of {job} succeeded within {TIMEOUT:g} s; see {self.log.name}")
 
-    def _phases(self, record) -> dict[str, float]:
-        """The step's own seconds by phase, from the run's first materialization's ``seconds/*``."""
+    def _metadata(self, record) -> dict:
+        """The run's first materialization's metadata values: the step's ``seconds/*`` by
+        phase, its ``rows_in/*`` by input."""
         entry = self.instance.all_logs(record.dagster_run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)[0]
-        metadata = entry.asset_materialization.metadata
-        return {
-            key.removeprefix("seconds/"): value.value for key, value in metadata.items() if key.startswith("seconds/")
-        }
+        return {key: value.value for key, value in entry.asset_materialization.metadata.items()}
 
     def _gaps(self, record) -> dict[str, float]:
         """The run's seconds by the event that ended them: for each event type, the sum of

@@ -21,7 +21,9 @@ Reported per side: ours, launch to success (queue wait + run, from Dagster's run
 records) and the run alone; SDP, the wall time of the ``spark-pipelines run`` process
 (which starts a Spark Connect server of its own, as a user's run does) and, from its
 log, the time from "Starting run" to "Run is COMPLETED".  Medians and the spread of the
-recorded rounds, and the ratios ours / SDP.  At the end, each view's rows as our
+recorded rounds, and the ratios ours / SDP.  A round whose step run did not hold exactly
+its ``--events`` events (the sensor cuts a step 3 s after its first record, so a slow
+produce splits the round's events) is printed and not recorded.  At the end, each view's rows as our
 pipeline maintains them must equal SDP's table.
 
 SDP needs a venv of its own, outside the repository, with the project's PySpark (PyPI):
@@ -194,16 +196,24 @@ def main() -> None:
             step = served.step(args.events, shifted(args.state))
             write_events(data, first, args.events)
             run = run_sdp(args.sdp_python, spec, os.path.join(root, f"sdp-{i}.log"))
-            print(f"round {i}: ours {step['queue']:.2f} + {step['run']:.2f} s, SDP {run['wall']:.2f} s", flush=True)
-            if i >= args.warmup:
+            whole = step["rows_in"] == args.events
+            print(
+                f"round {i}: ours {step['queue']:.2f} + {step['run']:.2f} s ({step['rows_in']:,} rows), "
+                f"SDP {run['wall']:.2f} s"
+                + ("" if whole else ": the step did not hold the round's events, not recorded"),
+                flush=True,
+            )
+            if i >= args.warmup and whole:
                 ours.append(step)
                 sdp.append(run)
         equal = same_rows(os.path.join(root, "pipelines", PIPELINE), os.path.join(root, "sdp", "spark-warehouse"))
     finally:
         served.stop()
+    if not ours:
+        raise SystemExit("no round's step held exactly its round's events: the sensor cut them otherwise")
     launch = [s["queue"] + s["run"] for s in ours]
     print(
-        f"{args.state:,} events of state, +{args.events:,} per run, {args.runs} rounds after {args.warmup} warm-up"
+        f"{args.state:,} events of state, +{args.events:,} per run, {len(ours)} of {args.runs} rounds after {args.warmup} warm-up"
         f" and {args.warm_steps} warm steps of ours"
     )
     print(f"  ours, launch to success     {spread(launch)}")
