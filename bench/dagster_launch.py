@@ -47,6 +47,7 @@ from circuits.library.nexmark import nexmark_records
 from circuits.spark import stop_connect_server
 from dagster_project.config import demo_settings, parse_project
 from dagster_project.demo_producer import produce_events
+from dagster_project.metadata import step_figures
 from dagster_project.resources import KafkaResource
 from dagster_project.step_worker import WORKER_FILE
 from sensors.broker import stop_local_broker
@@ -143,9 +144,7 @@ class Served:
             if new and new[0].dagster_run.status == DagsterRunStatus.SUCCESS:
                 record = new[0]
                 queued = record.start_time - record.create_timestamp.timestamp()
-                metadata = self._metadata(record)
-                phases = {k.removeprefix("seconds/"): v for k, v in metadata.items() if k.startswith("seconds/")}
-                rows = sum(v for k, v in metadata.items() if k.startswith("rows_in/"))
+                rows, phases = step_figures(self._metadata(record))
                 run = record.end_time - record.start_time
                 gaps = self._gaps(record)
                 return {
@@ -160,8 +159,7 @@ class Served:
         raise RuntimeError(f"no run of {job} succeeded within {TIMEOUT:g} s; see {self.log.name}")
 
     def _metadata(self, record) -> dict:
-        """The run's first materialization's metadata values: the step's ``seconds/*`` by
-        phase, its ``rows_in/*`` by input."""
+        """The run's first materialization's metadata values (see :func:`step_figures`)."""
         entry = self.instance.all_logs(record.dagster_run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)[0]
         return {key: value.value for key, value in entry.asset_materialization.metadata.items()}
 

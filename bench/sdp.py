@@ -23,8 +23,8 @@ records) and the run alone; SDP, the wall time of the ``spark-pipelines run`` pr
 log, the time from "Starting run" to "Run is COMPLETED".  Medians and the spread of the
 recorded rounds, and the ratios ours / SDP.  A round whose step run did not hold exactly
 its ``--events`` events (the sensor cuts a step 3 s after its first record, so a slow
-produce splits the round's events) is printed and not recorded.  At the end, each view's rows as our
-pipeline maintains them must equal SDP's table.
+produce splits the round's events) is printed and not recorded.  At the end, each view's
+rows as our pipeline maintains them must equal SDP's table.
 
 SDP needs a venv of its own, outside the repository, with the project's PySpark (PyPI):
 

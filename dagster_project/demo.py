@@ -38,6 +38,7 @@ from .demo_producer import create_change_fed, merge_changes, produce_events
 from .devserver import open_instance
 from .factory import build_definitions
 from .kafka import EMBEDDED
+from .metadata import step_figures
 from .status import dead_letters_note
 from .store import store_settings
 
@@ -78,8 +79,7 @@ class StepReport:
         """Takes in a sink's materialization metadata (values, not Dagster's wrappers): every
         sink's carries the step's shared metadata (rows in, phase seconds) and its own ``rows_out``."""
         self.rows_out += metadata.get("rows_out", 0)
-        self.rows_in = sum(v for k, v in metadata.items() if k.startswith("rows_in/"))
-        self.phases = {k.removeprefix("seconds/"): v for k, v in metadata.items() if k.startswith("seconds/")}
+        self.rows_in, self.phases = step_figures(metadata)
 
     def line(self) -> str:
         if not self.succeeded:

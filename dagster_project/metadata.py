@@ -34,6 +34,14 @@ def view_metadata(root: str, sink: str, step: int, table: DeltaTable | None) -> 
     }
 
 
+def step_figures(metadata: dict) -> tuple[int, dict[str, float]]:
+    """What :func:`step_metadata` recorded of a step run, read back from a materialization's
+    metadata values (not Dagster's wrappers): its input rows (every input's), and its
+    seconds by phase."""
+    rows = sum(v for k, v in metadata.items() if k.startswith("rows_in/"))
+    return rows, {k.removeprefix("seconds/"): v for k, v in metadata.items() if k.startswith("seconds/")}
+
+
 def step_metadata(pipeline: Pipeline, first: int, last: int, ran: range) -> dict:
     rows_state, bytes_state = pipeline.state.size()
     offsets = [
