@@ -80,6 +80,12 @@ def write_events(data: str, start: int, count: int) -> None:
         pq.write_table(table, os.path.join(data, name, f"events-{start:012d}.parquet"))
 
 
+def write_state(data: str, events: int) -> None:
+    """Events ``0..events`` as :func:`write_events` writes them, :data:`FILE_EVENTS` a file."""
+    for start in range(0, events, FILE_EVENTS):
+        write_events(data, start, min(FILE_EVENTS, events - start))
+
+
 def load_state(settings: dict, data: str, events: int) -> None:
     """Step 0 of the demo pipeline: every event under ``data``, read by Spark from the
     Parquet files SDP reads, on the embedded Spark server the pipeline's runs use."""
@@ -172,8 +178,7 @@ def main() -> None:
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="dbsp-sdp-")
     data = os.path.join(root, "data")
-    for start in range(0, args.state, FILE_EVENTS):
-        write_events(data, start, min(FILE_EVENTS, args.state - start))
+    write_state(data, args.state)
     spec = sdp_project(
         os.path.join(root, "sdp"), str(NEXMARK_SQL), {n: f"parquet.`{os.path.join(data, n)}`" for n in SCHEMAS}
     )
