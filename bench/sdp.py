@@ -13,8 +13,8 @@ one more Parquet file per input for SDP, which then runs once (it truncates and
 recomputes every materialized view).  ``--warmup`` rounds come first, unrecorded.
 ``--warm-steps`` steps of ours (with no SDP run) before them bring the step worker's Spark
 server to the steady state of a long-lived one: its JVM compiles the planner's code as
-it runs it, and on 2 cores a 1,000-event step takes about 40 steps to settle (a fresh
-server's first steps take 2-3x a settled one's).  SDP's side is a new server each run, as
+it runs it, and on 2 cores a 1,000-event step takes 30-40 steps to settle (a fresh
+server's first ten take 1.3-2x a settled one's: ``bench/server_settling.py``).  SDP's side is a new server each run, as
 ``spark-pipelines run`` is.
 
 Reported per side: ours, launch to success (queue wait + run, from Dagster's run
